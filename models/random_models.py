@@ -1,0 +1,157 @@
+"""Seeded random models for every architecture the engines support.
+
+Why the init gives clear greedy margins: transformers' default init (std 0.02) makes logits nearly uniform, so the
+top-2 gap is often ~1e-5 and fp32 rounding differences between two correct engines flip the argmax. We instead draw
+every matrix with std ``1/sqrt(fan_in)`` (activations stay O(1) through the layers) and the embedding and LM head
+with std 1, so the (tied or untied) LM head produces logits with std ~sqrt(hidden) (8 for hidden 64). The expected top-2 gap
+over a 49k vocab is then ~1.5 logits, and a gap below 1e-3 (the worst fp32 disagreement we have seen is ~1e-5) has
+probability ~1e-3 per step; the shared suite's prompts were checked to stay clear of it. Biases (Qwen2.5 qkv) get
+std 0.1 so they matter; norm weights are 1 + N(0, 0.1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "vocab.json", "merges.txt",
+)
+VOCAB = 49152  # SmolLM2's tokenizer, reused by every random model
+
+
+@dataclass(frozen=True)
+class RandomModelSpec:
+    description: str
+    architecture: str
+    config: dict[str, Any]
+    tiny: bool = True
+    dtype: str = "float32"
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_TINY_COMMON = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu",
+    bos_token_id=1, eos_token_id=2,
+)
+
+RANDOM_MODELS: dict[str, RandomModelSpec] = {
+    "tiny-qwen3": RandomModelSpec(
+        "Qwen3 (q_norm/k_norm), 2 layers, hidden 64",
+        "Qwen3ForCausalLM",
+        dict(_TINY_COMMON, model_type="qwen3", rope_theta=1_000_000.0, tie_word_embeddings=False,
+             attention_bias=False),
+        seed=1,
+    ),
+    "tiny-qwen2.5": RandomModelSpec(
+        "Qwen2.5 (qkv bias), 2 layers, hidden 64",
+        "Qwen2ForCausalLM",
+        dict({k: v for k, v in _TINY_COMMON.items() if k != "head_dim"}, model_type="qwen2",
+             rope_theta=1_000_000.0, tie_word_embeddings=False, use_sliding_window=False),
+        seed=2,
+    ),
+    "tiny-llama3": RandomModelSpec(
+        "Llama 3 (llama3 RoPE scaling), 2 layers, hidden 64",
+        "LlamaForCausalLM",
+        dict(_TINY_COMMON, model_type="llama", rope_theta=500_000.0, tie_word_embeddings=False,
+             attention_bias=False, mlp_bias=False,
+             rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                               original_max_position_embeddings=256)),
+        seed=3,
+    ),
+    "tiny-qwen3-moe": RandomModelSpec(
+        "Qwen3-MoE (8 experts, top-2, renormalised), 2 layers, hidden 64",
+        "Qwen3MoeForCausalLM",
+        dict(_TINY_COMMON, model_type="qwen3_moe", rope_theta=1_000_000.0, tie_word_embeddings=False,
+             attention_bias=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False),
+        seed=4,
+    ),
+    "qwen3-0.6b-shape": RandomModelSpec(
+        "Qwen3-0.6B shape (28 layers, hidden 1024, 16q/8kv heads, head_dim 128, vocab 151936), random bf16",
+        "Qwen3ForCausalLM",
+        dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+             num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
+             tie_word_embeddings=True, attention_bias=False, bos_token_id=1, eos_token_id=2),
+        tiny=False, dtype="bfloat16",
+    ),
+    "qwen3-8b-shape": RandomModelSpec(
+        "Qwen3-8B shape (36 layers, hidden 4096, 32q/8kv heads), random bf16",
+        "Qwen3ForCausalLM",
+        dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+             num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
+             tie_word_embeddings=False, attention_bias=False, bos_token_id=1, eos_token_id=2),
+        tiny=False, dtype="bfloat16",
+    ),
+}
+
+
+def _tokenizer_source() -> Path:
+    from . import MODELS_DIR
+    from .smollm2 import NAME, prepare_smollm2
+
+    src = MODELS_DIR / NAME
+    if not (src / "tokenizer.json").exists():
+        src = prepare_smollm2()
+    return src
+
+
+def _init_weights(model, seed: int) -> None:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            # draw on the CPU from one seeded stream so the weights do not depend on the build device
+            if name.endswith("norm.weight") or "layernorm" in name:
+                w = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+            elif name.endswith(".bias"):
+                w = 0.1 * torch.randn(p.shape, generator=gen)
+            elif "embed_tokens" in name or "lm_head" in name:
+                w = torch.randn(p.shape, generator=gen)
+            else:
+                fan_in = p.shape[-1]
+                w = torch.randn(p.shape, generator=gen) / math.sqrt(fan_in)
+            p.copy_(w.to(p.dtype))
+
+
+def make_random_model(name: str, device: str = "cpu", dtype: str | None = None, out: str | Path | None = None) -> Path:
+    """Build (once) and return the HF directory of a seeded random model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from . import MODELS_DIR
+
+    spec = RANDOM_MODELS[name]
+    out = Path(out) if out else MODELS_DIR / name
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    dtype = dtype or spec.dtype
+    torch_dtype = getattr(torch, dtype)
+    cfg_dict = dict(spec.config, architectures=[spec.architecture], dtype=dtype)
+    model_type = cfg_dict.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg_dict)
+    print(f"[models] making {name} ({spec.description}) on {device}", flush=True)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    _init_weights(model, spec.seed)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    src = _tokenizer_source()
+    for f in TOKENIZER_FILES:
+        if (src / f).exists():
+            shutil.copy(src / f, tmp / f)
+    (tmp / "random_model.json").write_text(json.dumps({"name": name, "seed": spec.seed}, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
