@@ -38,6 +38,9 @@ def _llm(model_dir: str, options: dict) -> LLM:
         _LLMS.move_to_end(key)
         return _LLMS[key]
     kwargs = {_CONFIG_FIELD[name]: value for name, value in options.items()}
+    # The suite keeps several engines alive in one process; on a GPU each would otherwise size its KV pool to 90% of
+    # the free memory and the second one would not fit. 16k tokens is plenty for the suite's workloads.
+    kwargs.setdefault("num_page_override", 16384 // options.get("page_size", 1))
     llm = LLM(str(model_dir), dtype=torch.float32, **kwargs)
     _LLMS[key] = llm
     while len(_LLMS) > _MAX_CACHED_LLMS:

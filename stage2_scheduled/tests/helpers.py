@@ -21,6 +21,8 @@ from stage2_scheduled.message import DetokenizeMsg
 def make_llm(model: Path | str, **kwargs) -> LLM:
     """An fp32 LLM on a tiny model (conftest's `tiny_model` fixture builds one without a tokenizer)."""
     kwargs.setdefault("dtype", torch.float32)
+    # bounded KV pool: on a GPU an unbounded one takes 90% of the free memory and the next test's LLM cannot fit
+    kwargs.setdefault("num_page_override", 16384 // kwargs.get("page_size", 1))
     return LLM(str(model), **kwargs)
 
 
