@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List
+
+import torch
+
+if TYPE_CHECKING:
+    from ..core import Batch
+
+
+@dataclass
+class BaseAttnMetadata(ABC):
+    @abstractmethod
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        """Row of each request's last query token in the flattened token dimension (the LM head keeps those)."""
+
+
+class BaseAttnBackend(ABC):
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        """q [T, qo_heads, D], k/v [T, kv_heads, D] -> [T, qo_heads, D]. Stores this step's K/V in the pool first,
+        then attends against the pool."""
+
+    @abstractmethod
+    def prepare_metadata(self, batch: Batch) -> None:
+        """Build batch.attn_metadata from batch.padded_reqs, once per forward (before it)."""
+
+    # CUDA-graph hooks: used from stage4 on; a backend without graph support leaves them unimplemented.
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        raise NotImplementedError
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        raise NotImplementedError
