@@ -1,0 +1,114 @@
+"""`python -m bench.online`: the server's time to first token and tokens/s at 1 and 16 concurrent clients (CPU).
+
+Starts `python -m <stage> --model DIR` (stage3_served by default, SmolLM2 fp32), warms it up, then for each
+concurrency runs the `serve` workload of `workloads.py` (token-id prompts of randint(32, 256) tokens, 64 output
+tokens, EOS ignored, greedy, `/v1/completions` streamed) with that many clients, each sending its next request when
+the previous one is done. Writes `bench/results/cpu-online.md` (date, machine, command, load average, figures).
+The same measurement is the `serve` task of `python -m bench`; this script is the quick standalone version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .adapters import ROOT, SERVER_STAGES, launch_server
+from .worker import _run_clients
+from .workloads import SIZES, serve_workload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
+VOCAB = 49152  # SmolLM2's tokenizer (the tiny models share it)
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def _machine() -> str:
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or "unknown CPU"
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def _commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip() or "uncommitted"
+
+
+def run(stage: str, model: str, quick: bool) -> list[dict]:
+    sizes = SIZES["cpu", quick]
+    log = Path(tempfile.mkstemp(prefix="bench-online-", suffix=".log")[1])
+    rows = []
+    with launch_server(stage, model, log, "float32") as url:
+        asyncio.run(_run_clients(url, serve_workload(sizes, VOCAB, 1, seed=7), 1))  # warm-up
+        for clients in sizes.serve_clients:
+            r = asyncio.run(_run_clients(url, serve_workload(sizes, VOCAB, sizes.serve_requests[clients]), clients))
+            rows.append({**r, "prompt_len": sizes.serve_prompt_len, "output_len": sizes.serve_output_len})
+            print(f"{clients:>2} clients: TTFT p50 {statistics.median(r['ttft_s']) * 1e3:.0f} ms, "
+                  f"{r['tok_s']:.1f} output tok/s", flush=True)
+    log.unlink(missing_ok=True)
+    return rows
+
+
+def markdown(rows: list[dict], stage: str, model: str, command: str, load: tuple[str, str]) -> str:
+    lines = [
+        "# Online serving on CPU: time to first token and tokens/s",
+        "",
+        f"- date: {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
+        f"- machine: {_machine()}",
+        f"- command: `{command}`",
+        f"- server: `python -m {stage} --model {Path(model).name} --dtype float32` (defaults otherwise), "
+        f"commit {_commit()}",
+        f"- load average (1/5/15 min) at start {load[0]}, at end {load[1]} (a shared machine: figures are noisy)",
+        f"- workload: `/v1/completions` streamed, token-id prompts of randint{rows[0]['prompt_len']} tokens, "
+        f"{rows[0]['output_len']} output tokens (EOS ignored, greedy); each client sends its next request when the "
+        "previous one is done",
+        "",
+        "| clients | requests | TTFT p50 (ms) | TTFT p90 (ms) | TPOT p50 (ms) | per-client tok/s | "
+        "output tok/s | wall (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        tpot = statistics.median(r["tpot_s"])
+        lines.append(
+            f"| {r['concurrency']} | {r['requests']} | {statistics.median(r['ttft_s']) * 1e3:.0f} | "
+            f"{_pct(r['ttft_s'], 0.9) * 1e3:.0f} | {tpot * 1e3:.1f} | {1 / tpot:.1f} | {r['tok_s']:.1f} | "
+            f"{r['seconds']:.1f} |"
+        )
+    lines += ["", "TTFT: request sent to first streamed token. TPOT: per-token time of one request after its first "
+              "token. Output tok/s: all clients' tokens / wall time.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.online", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stage", default="stage3_served", choices=SERVER_STAGES)
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--quick", action="store_true", help="fewer, shorter requests")
+    ap.add_argument("--out", default=str(RESULTS / "cpu-online.md"))
+    args = ap.parse_args(argv)
+    load_start = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = run(args.stage, args.model, args.quick)
+    load_end = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    command = "python -m bench.online" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(
+        sys.argv[1:] if argv is None else argv))
+    Path(args.out).write_text(markdown(rows, args.stage, args.model, command.strip(), (load_start, load_end)))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
