@@ -4,6 +4,7 @@ up once, so no session spends minutes reinstalling torch.
     nox -s stage2        # stage2's own tests + the shared HF-alignment suite for stage2
     nox -s tests         # every stage, one pytest run (models prepared once)
     nox -s lint          # ruff
+    nox -s reliability   # the servers' reliability/security tests (fuzzing, storm, load, auth, shutdown)
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def tests(session: nox.Session) -> None:
     paths = [str(Path(s) / "tests") for s in STAGES if (Path(s) / "tests").is_dir()]
     extra = [p for p in ("tests",) if Path(p).is_dir()]
     session.run("python", "-m", "pytest", *paths, *extra, "shared_tests", "tools/tests", *session.posargs)
+
+
+@nox.session
+def reliability(session: nox.Session) -> None:
+    """Every served stage's tests/reliability (also part of ``tests``, which collects each tests dir recursively)."""
+    paths = [str(p) for s in STAGES if (p := Path(s) / "tests" / "reliability").is_dir()]
+    session.run("python", "-m", "pytest", *paths, "-q", *session.posargs)
 
 
 @nox.session

@@ -74,6 +74,18 @@ RANDOM_MODELS: dict[str, RandomModelSpec] = {
              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False),
         seed=4,
     ),
+    "tiny-qwen3.5": RandomModelSpec(
+        "Qwen3.5 hybrid (gated DeltaNet linear attention + gated full attention, partial RoPE), 4 layers, hidden 64",
+        "Qwen3_5ForCausalLM",
+        dict({k: v for k, v in _TINY_COMMON.items() if k != "num_hidden_layers"}, model_type="qwen3_5_text",
+             num_hidden_layers=4,
+             # linear, linear, full, linear: consecutive linear layers and a linear layer after a full one
+             layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+             rope_parameters=dict(rope_type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25),
+             linear_conv_kernel_dim=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+             linear_value_head_dim=16, tie_word_embeddings=False, attention_bias=False),
+        seed=9,  # the first seed from 5 whose suite margins all clear 1e-2 (wip/capstone/tools/check_margins.py)
+    ),
     "qwen3-0.6b-shape": RandomModelSpec(
         "Qwen3-0.6B shape (28 layers, hidden 1024, 16q/8kv heads, head_dim 128, vocab 151936), random bf16",
         "Qwen3ForCausalLM",
@@ -108,6 +120,8 @@ def _tokenizer_source() -> Path:
 def _init_weights(model, seed: int) -> None:
     import torch
 
+    if getattr(model.config, "model_type", None) == "qwen3_5_text":
+        return _init_qwen3_5_weights(model, seed)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -121,6 +135,43 @@ def _init_weights(model, seed: int) -> None:
             else:
                 fan_in = p.shape[-1]
                 w = torch.randn(p.shape, generator=gen) / math.sqrt(fan_in)
+            p.copy_(w.to(p.dtype))
+
+
+# Logit std ~4 * sqrt(hidden) = 32 instead of 8: with ~800 greedy steps over the suite's prompts, std 8 leaves a
+# few top-2 gaps below 1e-2; 4x wider logits (and the seed below) keep every gap of the suite above 1e-2.
+LM_HEAD_STD_QWEN3_5 = 4.0
+
+
+def _init_qwen3_5_weights(model, seed: int) -> None:
+    """Qwen3.5 hybrid: the generic scheme for matrices and embeddings, plus its own parameters.
+
+    * The decoder norms (and q/k norms) scale by ``1 + weight``: weight ~ N(0, 0.1) gives the usual 1 + N(0, 0.1);
+      the linear-attention output norm is a plain gated RMSNorm (weight 1 + N(0, 0.1)).
+    * The recurrent state must matter but stay stable. The state decays by ``exp(-A * softplus(a + dt_bias))``
+      per token; HF's default A ~ U(0.01, 16) with dt_bias 1 forgets most heads within a token. Here A ~ U(0.1, 1)
+      and dt_bias ~ -2 + N(0, 0.5) (a is ~N(0, 1)), so heads keep ~0.8-0.99 of the state per token: memory of
+      tens of tokens. The delta rule itself is bounded (q, k are L2-normalised, beta = sigmoid(b) in (0, 1)).
+    """
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                w = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+            elif name.endswith("norm.weight") or "layernorm" in name:
+                w = 0.1 * torch.randn(p.shape, generator=gen)
+            elif name.endswith("A_log"):
+                w = (0.1 + 0.9 * torch.rand(p.shape, generator=gen)).log()
+            elif name.endswith("dt_bias"):
+                w = -2.0 + 0.5 * torch.randn(p.shape, generator=gen)
+            elif "lm_head" in name:
+                w = LM_HEAD_STD_QWEN3_5 * torch.randn(p.shape, generator=gen)
+            elif "embed_tokens" in name:
+                w = torch.randn(p.shape, generator=gen)
+            else:  # projections and the depthwise conv (fan-in = kernel size)
+                w = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1])
             p.copy_(w.to(p.dtype))
 
 

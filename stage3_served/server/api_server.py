@@ -18,12 +18,14 @@ from typing import Any, AsyncIterator, Awaitable, Dict, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core import SamplingParams
 from .args import ServerArgs
-from .frontend import BackendUnavailable, FrontendManager, RequestRejected
+from .frontend import BackendUnavailable, FrontendManager, QueueFull, RequestRejected
+from .guard import GuardMiddleware
+from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import (
     APIError,
     ChatCompletionRequest,
@@ -54,13 +56,17 @@ def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()  # the worker watchdog thread reaches the frontend through it
-        app.state.frontend = FrontendManager(config)
+        app.state.frontend = FrontendManager(config, metrics)
         try:
             yield
         finally:
             app.state.frontend.shutdown()
 
+    metrics = ServerMetrics()
     app = FastAPI(title="mini-sglang stage3_served", lifespan=lifespan)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_request_bytes=config.max_request_bytes,
+                       metrics=metrics)
+    app.state.metrics = metrics
     app.state.config = config
     app.state.backend = backend
     app.state.created = int(time.time())
@@ -73,7 +79,7 @@ def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
 
 
 def _error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -94,7 +100,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        err = APIError(exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else "http_error")
+        code = {404: "not_found", 413: "request_too_large"}.get(exc.status_code, "http_error")
+        err = APIError(exc.status_code, str(exc.detail), code)
         return _error_response(err)
 
     @app.exception_handler(ClientGone)
@@ -165,9 +172,15 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return work_task.result()
 
 
+RETRY_AFTER_S = 1  # a full queue drains within seconds; clients back off at least this long
+
+
 def _backend_error(exc: Exception) -> APIError:
     if isinstance(exc, RequestRejected):
         return APIError(400, str(exc), "invalid_request")
+    if isinstance(exc, QueueFull):
+        return APIError(503, f"the server is overloaded: {exc}; retry later", "queue_full", type="server_error",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     return _unavailable(str(exc))
 
 
@@ -175,7 +188,7 @@ async def _start(request: Request, deltas: AsyncIterator[Delta]) -> Delta:
     """The first delta, or the request's rejection as an APIError."""
     try:
         return await _unless_disconnected(request, deltas.__anext__())
-    except (RequestRejected, BackendUnavailable) as e:
+    except (RequestRejected, BackendUnavailable, QueueFull) as e:
         raise _backend_error(e) from None
 
 
@@ -191,7 +204,7 @@ async def _collect(request: Request, deltas: AsyncIterator[Delta]) -> Delta:
 
     try:
         return await _unless_disconnected(request, run())
-    except (RequestRejected, BackendUnavailable) as e:
+    except (RequestRejected, BackendUnavailable, QueueFull) as e:
         raise _backend_error(e) from None
     finally:
         await deltas.aclose()  # removes the request's entry (and aborts it if it had not finished)
@@ -243,7 +256,8 @@ def _add_routes(app: FastAPI) -> None:
         frontend()
         return {"status": "ok"}
 
-    @app.api_route("/v1", methods=["GET", "POST", "HEAD", "OPTIONS"])
+    # a probe some clients send; out of the schema (one operation id cannot name several methods)
+    @app.api_route("/v1", methods=["GET", "POST", "HEAD", "OPTIONS"], include_in_schema=False)
     async def v1_root() -> Dict[str, str]:
         return {"status": "ok"}
 
@@ -264,6 +278,16 @@ def _add_routes(app: FastAPI) -> None:
         except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
             raise _unavailable(f"no stats from the scheduler: {e!r}") from None
         return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight}}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> Response:
+        """Prometheus text format; the gauges are the scheduler's stats at this moment."""
+        fm = frontend()
+        try:
+            scheduler = await fm.query_stats()
+        except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
+            raise _unavailable(f"no stats from the scheduler: {e!r}") from None
+        return Response(app.state.metrics.render(scheduler, fm.num_requests), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:

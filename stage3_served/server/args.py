@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import List, Tuple
 
 import torch
@@ -22,6 +23,10 @@ class ServerArgs(SchedulerConfig):
     num_tokenizer: int = 0
     silent_output: bool = False
     served_model_name: str = ""  # the `model` clients must name (not upstream: defaults to --model as given)
+    # exposure limits (not upstream): see guard.py; repr=False keeps the key out of any log of the config
+    api_key: str | None = field(default=None, repr=False)
+    max_request_bytes: int = 1 << 20
+    max_queued_requests: int = 1024  # requests waiting beyond the running ones before new ones get 503
 
     @property
     def share_tokenizer(self) -> bool:
@@ -95,6 +100,13 @@ def build_parser(run_shell: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--cache-type", dest="cache_type", default="radix", choices=["naive", "radix"])
     p.add_argument("--moe-backend", default="auto")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+    p.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY") or None,
+                   help="require 'Authorization: Bearer <key>' on every endpoint but /health "
+                        "(default: $MINISGL_API_KEY; unset = no auth)")
+    p.add_argument("--max-request-bytes", type=_positive_int, default=1 << 20,
+                   help="larger request bodies get 413")
+    p.add_argument("--max-queued-requests", type=_positive_int, default=1024,
+                   help="requests waiting beyond --max-running-requests; more get 503 + Retry-After")
     p.add_argument("--shell-mode", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")
     return p

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from typing import Any, AsyncIterator, Dict, List
 
 from ..message import (
@@ -19,6 +20,7 @@ from ..message import (
 )
 from ..utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 from .args import ServerArgs
+from .metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +33,20 @@ class BackendUnavailable(Exception):
     """A worker died; the server is going down."""
 
 
+class QueueFull(Exception):
+    """More requests are waiting than --max-queued-requests allows; the client should retry later (503)."""
+
+
 class FrontendManager:
     """Must be created inside the event loop that uses it (zmq.asyncio sockets belong to a loop)."""
 
-    def __init__(self, config: ServerArgs) -> None:
+    def __init__(self, config: ServerArgs, metrics: ServerMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
+        # requests admitted at once: the running ones plus a bounded queue (not upstream, whose queue had no end)
+        self.max_requests = config.max_running_req + config.max_queued_requests
+        self.num_requests = 0
+        self.submit_time: Dict[int, float] = {}
         self.send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]] = [
             ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs
         ]
@@ -74,8 +85,19 @@ class FrontendManager:
         return uid
 
     def submit(self, prompt: Any, sampling_params: Any) -> int:
+        if self.dead_reason is None and self.num_requests >= self.max_requests:
+            if self.metrics is not None:
+                self.metrics.rejected.inc()
+            raise QueueFull(f"{self.num_requests} requests are in flight, the limit is {self.max_requests}")
         uid = self._new_uid()
-        self._send(uid, TokenizeMsg(uid, prompt, sampling_params))
+        self.num_requests += 1
+        self.submit_time[uid] = time.perf_counter()
+        try:
+            self._send(uid, TokenizeMsg(uid, prompt, sampling_params))
+        except BaseException:  # e.g. a value the encoder cannot carry: the request never left, forget it
+            self.ack_map.pop(uid, None)
+            self._release(uid)
+            raise
         return uid
 
     async def replies(self, uid: int) -> AsyncIterator[UserReply]:
@@ -84,25 +106,40 @@ class FrontendManager:
         (Upstream removed entries only when its own loop ended, which its callers never let happen.)"""
         queue = self.ack_map[uid]
         finished = False
+        last = self.submit_time.get(uid)
+        first = True
         try:
             while True:
                 reply = await queue.get()
+                if self.metrics is not None and reply is not None and last is not None:
+                    now = time.perf_counter()
+                    (self.metrics.ttft if first else self.metrics.itl).observe(now - last)
+                    first, last = False, now
                 if reply is None:
                     finished = True  # nothing left to abort
                     raise BackendUnavailable(self.dead_reason or "the server is shutting down")
                 assert isinstance(reply, UserReply)
                 finished = reply.finished
+                if finished and self.metrics is not None and not reply.error:
+                    self.metrics.prompt_tokens.inc(reply.prompt_tokens)
+                    self.metrics.generation_tokens.inc(reply.completion_tokens)
                 yield reply
                 if finished:
                     return
         finally:
             self.ack_map.pop(uid, None)
+            self._release(uid)
             if not finished:
                 self.abort_user(uid)
+
+    def _release(self, uid: int) -> None:
+        if self.submit_time.pop(uid, None) is not None:
+            self.num_requests -= 1
 
     def abort_user(self, uid: int) -> None:
         """Synchronous on purpose: it runs in ``finally`` blocks of cancelled tasks, where awaiting is unsafe."""
         self.ack_map.pop(uid, None)
+        self._release(uid)
         if self.dead_reason is None:
             self._send(uid, AbortMsg(uid))
 

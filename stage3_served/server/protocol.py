@@ -7,7 +7,7 @@ error body ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal
+from typing import Annotated, Any, Dict, List, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,12 +16,20 @@ class APIError(Exception):
     """An error the client caused (4xx) or a server that cannot answer now (503)."""
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 type: str = "invalid_request_error") -> None:
+                 type: str = "invalid_request_error", headers: Dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.type = status, message, code, param, type
+        self.headers = headers or {}  # e.g. Retry-After on a 503
 
     def body(self) -> Dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# Integers cross process boundaries as msgpack int64 / torch int32: out-of-range ones must be refused here, not by
+# an encoder half-way through a request (found by the schema fuzzer).
+# (int32 on the wire; negative ones and ones beyond the vocabulary get the scheduler's own 400)
+TokenId = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class _Strict(BaseModel):
@@ -50,13 +58,14 @@ class SamplingFields(_Strict):
     """What /v1/completions and /v1/chat/completions share."""
 
     model: str | None = Field(None, description="must name the served model when given")
-    max_tokens: int | None = Field(None, ge=1, description="new tokens at most; at most the context length")
+    max_tokens: int | None = Field(None, ge=1, le=2**31 - 1,
+                                   description="new tokens at most; at most the context length")
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, description="< 1 disables top-k")
-    seed: int | None = Field(None, description="per-request sampling seed")
+    top_k: int = Field(-1, ge=-(2**31), le=2**31 - 1, description="< 1 disables top-k")
+    seed: Int64 | None = Field(None, description="per-request sampling seed")
     stop: str | List[str] | None = Field(None, description="the text is cut before the first occurrence")
-    stop_token_ids: List[int] | None = Field(None, description="token ids that end the request like EOS")
+    stop_token_ids: List[TokenId] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -82,14 +91,14 @@ class SamplingFields(_Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: List[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1, description="newer name of max_tokens")
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | List[int] | List[str] | List[List[int]] = Field(
+    prompt: str | List[TokenId] | List[str] | List[List[TokenId]] = Field(
         description="text or token ids; a list of one prompt is accepted (no batching)"
     )
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=2**31 - 1)
     echo: bool = Field(False, description="not supported")
 
     @model_validator(mode="after")
@@ -109,8 +118,8 @@ class CompletionRequest(SamplingFields):
 class GenerateRequest(_Strict):
     """Upstream's /generate: greedy, streamed."""
 
-    prompt: str | List[int] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
+    prompt: str | List[TokenId] = Field(min_length=1)
+    max_tokens: int = Field(ge=1, le=2**31 - 1)
     ignore_eos: bool = False
     stream: bool = True
 

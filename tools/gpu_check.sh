@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# stage4_fast on the GPU machine (H200), in one device call: install the carried wheels, make the test models,
+# run the GPU test subset, run the offline benchmark. Everything it reports lands in $OUT.
+#
+# Here (this machine, repo root), once:
+#     PYTHON=/work/venv/bin/python tools/gpu_check.sh download   # wheels into .whl/ (~20 MB), excluded from git
+# Then the device call (carry: .whl and the SmolLM2 tokenizer files, which the random models reuse):
+#     run(command="bash tools/gpu_check.sh all", timeout_s=600,
+#         carry=[".whl", "models/SmolLM2-135M-Instruct/tokenizer.json",
+#                "models/SmolLM2-135M-Instruct/tokenizer_config.json",
+#                "models/SmolLM2-135M-Instruct/chat_template.jinja"])
+# Modes: download | tests | bench | all (tests then bench). A device command may run 600 s: "all" gives the tests
+# TESTS_TIMEOUT (280 s) and the benchmark BENCH_TIMEOUT (280 s); run "tests" and "bench" as separate calls (within
+# ~30 s the machine is still warm) to give each more. BENCH_ARGS overrides the benchmark's arguments.
+# FlashAttention 4 needs a 92 MB wheel (over one call's carry limit): see ../shared/GPU_NOTES.md; without it the
+# fa tests skip with that reason and "auto" picks FlashInfer (or Triton).
+set -uo pipefail
+MODE=${1:-all}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+
+WHEELS=(  # versions as in the CPU venv; the GPU image has anyio, click, h11, msgpack, annotated-doc already
+  flashinfer-python==0.5.3 apache-tvm-ffi==0.1.15.post2  # attention kernels (JIT-compiled there on first use)
+  pyzmq==27.3.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5
+  annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2
+)
+
+if [[ $MODE == download ]]; then
+  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+  exec "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
+fi
+
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the machine's rules
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 - <<'PY'
+import importlib.metadata as md
+for p in ("torch", "triton", "transformers", "flashinfer-python", "apache-tvm-ffi", "flash-attn-4"):
+    try:
+        print(p, md.version(p))
+    except md.PackageNotFoundError:
+        print(p, "not installed")
+PY
+  nvcc --version | tail -1
+} | tee "$OUT/env.txt"
+
+make_models() {
+  # the tiny models are seeded on the CPU, so they equal the ones the CPU tests use
+  for m in tiny-qwen3 tiny-qwen3-moe; do python3 -m models make "$m" || return 1; done
+  python3 -m models make qwen3-0.6b-shape --device cuda
+}
+
+run_tests() {
+  make_models || { echo "model preparation failed"; return 1; }
+  timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest stage4_fast/tests/test_gpu.py -v -rs -s -p no:cacheprovider \
+    --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+run_bench() {
+  [[ -f models/qwen3-0.6b-shape/config.json ]] || python3 -m models make qwen3-0.6b-shape --device cuda
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-280}" python3 -m bench --gpu ${BENCH_ARGS:---stages hf stage4 --no-ablations} \
+    --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+status=0
+case $MODE in
+  tests) run_tests || status=$? ;;
+  bench) run_bench || status=$? ;;
+  all) run_tests || status=$?; run_bench || status=$? ;;
+  *) echo "usage: $0 download|tests|bench|all"; exit 2 ;;
+esac
+echo "gpu_check $MODE: exit $status"
+exit "$status"
