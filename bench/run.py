@@ -1,0 +1,286 @@
+"""`python -m bench`: HF transformers and every stage on the same model and workloads, plus the ablations, in one run.
+
+Every engine and every ablation configuration runs in its own `python -m bench.worker` process (one after another,
+so they never compete for cores); this process only plans, shows progress, and writes
+`bench/results/<machine>.md` + `.json` + PNGs (`<machine>-quick.*` with --quick). A rerun overwrites only its own
+machine's files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .adapters import ENGINES, LLM_STAGES, ROOT, SERVER_STAGES
+from .report import ablation_rows, ablation_table, markdown, plot_all, stage_table
+from .workloads import SIZES, offline_workload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CPU_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
+GPU_MODEL = ROOT / "models" / "qwen3-0.6b-shape"
+
+
+@dataclass
+class Job:
+    key: str  # main:<engine> | serve:<engine> | abl:<name>:<config>
+    stage: str
+    tasks: list[str]
+    options: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.stage} {'+'.join(self.tasks)}" + (f" [{opts}]" if opts else "")
+
+
+def resolve_stages(names: list[str]) -> list[str]:
+    out = []
+    for name in (n for arg in names for n in arg.split(",") if n):
+        match = [e for e in ENGINES if e == name or e.split("_")[0] == name]
+        if not match:
+            raise SystemExit(f"unknown stage {name!r}: use hf, stage0 ... stage4 (or the package names)")
+        out += [m for m in match if m not in out]
+    return [e for e in ENGINES if e in out]
+
+
+def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[Job], str | None, list[str]]:
+    sizes = SIZES["gpu" if args.gpu else "cpu", args.quick]
+    jobs = [Job(f"main:{e}", e, ["prefill", "decode", "offline"]) for e in engines]
+    jobs += [Job(f"serve:{e}", e, ["serve"]) for e in engines if e in SERVER_STAGES]
+    notes: list[str] = []
+    llm_stages = [e for e in engines if e in LLM_STAGES]
+    a = args.ablation_stage or (llm_stages[-1] if llm_stages else None)
+    if args.no_ablations:
+        return jobs, None, ["ablations (--no-ablations)"]
+    if a is None:
+        return jobs, None, ["ablations: no stage2+ in this run"]
+    if a not in engines:
+        raise SystemExit(f"--ablation-stage {a} is not part of this run")
+    budget_off = 2 * (sizes.long_prompt_len + sizes.long_running * 64)  # whole prompt in one step
+    jobs += [
+        Job("abl:radix:off", a, ["shared_prefix"], {"cache_type": "naive"}),
+        Job("abl:radix:on", a, ["shared_prefix"], {"cache_type": "radix"}),
+        Job("abl:chunked:off", a, ["long_prompt"], {"max_extend_tokens": budget_off}),
+        Job("abl:chunked:on", a, ["long_prompt"], {"max_extend_tokens": sizes.chunk}),
+        Job("abl:overlap:off", a, ["offline"], {"overlap_scheduling": False}),
+        Job("abl:page:16", a, ["offline"], {"page_size": 16}),
+    ]
+    if "stage4_fast" in engines:
+        if args.gpu:
+            jobs.append(Job("abl:graph:off", "stage4_fast", ["decode", "offline"], {"cuda_graph_max_bs": 0}))
+        else:
+            notes.append("CUDA graph on/off: GPU only")
+        if args.gpu and gpus < 2:
+            notes.append("TP 1 vs 2: needs 2 GPUs")
+        else:
+            jobs += [Job(f"abl:tp:{tp}", "stage4_fast", ["serve_offline"], {"tp": tp}) for tp in (1, 2)]
+    else:
+        notes.append("CUDA graph on/off and TP 1 vs 2: need stage4_fast")
+    return jobs, a, notes
+
+
+class ForeignCPU:
+    """Share of the machine's CPU time that processes outside this run used (a noise gauge more direct than the
+    load average, which also counts this run's own threads): all busy time in /proc/stat minus ours."""
+
+    def __init__(self) -> None:
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+        t = os.times()
+        return busy, t.user + t.system + t.children_user + t.children_system, time.monotonic()
+
+    def share(self) -> float:
+        busy, own, now = self._sample()
+        busy0, own0, then = self.start
+        return max(0.0, (busy - busy0) - (own - own0)) / max((now - then) * os.cpu_count(), 1e-9)
+
+
+def run_job(job: Job, args: argparse.Namespace, log_dir: Path) -> dict:
+    log = log_dir / f"{job.key.replace(':', '_')}.log"
+    cmd = [sys.executable, "-m", "bench.worker", "--stage", job.stage, "--task", ",".join(job.tasks), "--json",
+           "--model", str(args.model), "--options", json.dumps(job.options), "--log", str(log)]
+    cmd += ["--quick"] * args.quick + ["--gpu"] * args.gpu
+    env = dict(os.environ, TQDM_DISABLE="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0, foreign = time.perf_counter(), ForeignCPU()
+    rec = {"stage": job.stage, "tasks": job.tasks, "options": job.options, "command": " ".join(cmd[1:])}
+    try:
+        with open(log, "ab") as err:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, timeout=args.timeout)
+        if proc.returncode != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+            rec["error"] = "\n".join(tail) or f"exit {proc.returncode}"
+        else:
+            rec["result"] = json.loads(proc.stdout)
+    except subprocess.TimeoutExpired:
+        rec["error"] = f"timed out after {args.timeout} s"
+    rec["seconds"] = time.perf_counter() - t0
+    rec["foreign_cpu"] = foreign.share()
+    rec["log"] = str(log)
+    return rec
+
+
+def _git() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _gpus() -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def _hardware(gpus: list[str]) -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    text = f"{cpu}, {len(os.sched_getaffinity(0))} cores, {mem:.0f} GiB RAM"
+    return text + (f"; {len(gpus)}× {gpus[0]}" if gpus else "")
+
+
+def machine_key(gpus: list[str], gpu: bool) -> str:
+    if not gpu:
+        return "cpu"
+    name = gpus[0] if gpus else "gpu"
+    key = next((t for t in name.lower().replace("-", " ").split() if any(c.isdigit() for c in t)), "gpu")
+    return key + (f"-x{len(gpus)}" if len(gpus) > 1 else "")
+
+
+def _versions() -> str:
+    out = [f"python {platform.python_version()}"]
+    for pkg in ("torch", "transformers"):
+        try:
+            out.append(f"{pkg} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="reduced sizes (a few minutes on 2 cores); writes "
+                                                         "<machine>-quick.*, not the machine's main results")
+    ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, Qwen3-0.6B shape, upstream's 256-request workload")
+    ap.add_argument("--stages", nargs="+", default=["hf", "stage0", "stage1", "stage2", "stage3", "stage4"],
+                    help="engines to run: hf stage0 ... stage4 (space or comma separated; default: all that exist)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help=f"HF model directory (default: {CPU_MODEL.name} on CPU, {GPU_MODEL.name} with --gpu)")
+    ap.add_argument("--ablation-stage", default=None, choices=LLM_STAGES,
+                    help="stage the ablations run on (default: the newest stage2+ in the run)")
+    ap.add_argument("--no-ablations", action="store_true")
+    ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: bench/results)")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds per worker (default: 600 quick, 3600 full)")
+    args = ap.parse_args(argv)
+    args.timeout = args.timeout or (600 if args.quick else 3600)
+    t_start = time.perf_counter()
+
+    gpus = _gpus() if args.gpu else []
+    if args.gpu and not gpus:
+        raise SystemExit("--gpu: no NVIDIA GPU found (nvidia-smi)")
+    if args.model is None:
+        args.model = GPU_MODEL if args.gpu else CPU_MODEL
+        if args.gpu and not (args.model / "config.json").exists():
+            subprocess.run([sys.executable, "-m", "models", "make", GPU_MODEL.name, "--device", "cuda"], cwd=ROOT,
+                           check=True)
+    if not (args.model / "config.json").exists():
+        raise SystemExit(f"no model at {args.model}; prepare the default one with: python -m models prepare smollm2")
+    args.model = args.model.resolve()
+
+    skipped = []
+    engines = []
+    for e in resolve_stages(args.stages):
+        if e == "hf" or importlib.util.find_spec(e) is not None:
+            engines.append(e)
+        else:
+            skipped.append(f"{e} (not built yet)")
+            print(f"note: {e} is not built yet — skipped", file=sys.stderr)
+    jobs, abl_stage, notes = plan(engines, args, len(gpus))
+
+    machine = args.machine or machine_key(gpus, args.gpu)
+    prefix = machine + ("-quick" if args.quick else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"bench-{prefix}-"))
+    sizes = SIZES["gpu" if args.gpu else "cpu", args.quick]
+    vocab = json.loads((args.model / "config.json").read_text()).get("vocab_size", 0)
+    w = offline_workload(args.gpu, args.quick, vocab)
+    load_before = _load()
+    results: dict = {
+        "engines": engines, "skipped": skipped, "ablation_stage": abl_stage, "ablation_notes": notes,
+        "offline_workload": w.note + f" ({w.prompt_tokens:,} prompt / {w.output_tokens:,} output tokens)",
+        "offline_requests": len(w.prompts), "sizes": asdict(sizes),
+        "serve_requests": {str(c): sizes.serve_requests[c] for c in sizes.serve_clients}, "jobs": {},
+    }
+    foreign = ForeignCPU()
+    bar = tqdm(jobs, desc="bench", unit="job", dynamic_ncols=True)
+    for job in bar:
+        bar.set_postfix_str(job.label)
+        rec = run_job(job, args, log_dir)
+        results["jobs"][job.key] = rec
+        if "error" in rec:
+            tqdm.write(f"[{job.key}] failed (log: {rec['log']}):\n  " + rec["error"].replace("\n", "\n  "))
+    bar.close()
+
+    load_after = _load()
+    start_load = float(load_before.split("/")[0])  # the end value includes this run's own threads
+    results["meta"] = {
+        "machine": machine, "quick": args.quick, "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "command": "python -m bench " + " ".join(argv), "hardware": _hardware(gpus), "versions": _versions(),
+        "git": _git(), "model": os.path.relpath(args.model, ROOT), "dtype": "bfloat16" if args.gpu else "float32",
+        "device": "cuda" if args.gpu else "cpu", "threads": next(
+            (r["result"]["threads"] for r in results["jobs"].values() if "result" in r), None),
+        "load_before": load_before, "load_after": load_after, "total_s": time.perf_counter() - t_start,
+        "foreign_cpu": foreign.share(),
+        "load_note": (f"the machine was busy (1-min load average {start_load:.1f} on "
+                      f"{len(os.sched_getaffinity(0))} cores at the start): timings are noisy")
+        if start_load >= 1.5 else "",
+        "busy_jobs": [k for k, r in results["jobs"].items() if r["foreign_cpu"] > 0.15],
+        "json": f"{prefix}.json", "logs": str(log_dir),
+    }
+    results["meta"]["summary"] = (f"{machine}{' quick' if args.quick else ''}, {results['meta']['model']} "
+                                  f"{results['meta']['dtype']}, {results['meta']['date']}")
+    try:
+        images = plot_all(results, args.out, prefix)
+    except ImportError:  # e.g. a GPU box without matplotlib: the table still gets written
+        images = []
+        print("note: matplotlib is not installed — no plots (pip install matplotlib)", file=sys.stderr)
+    (args.out / f"{prefix}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / f"{prefix}.md").write_text(markdown(results, images))
+
+    print()
+    print(stage_table(results))
+    rows = ablation_rows(results)
+    if rows:
+        print()
+        print(ablation_table(rows))
+    print(f"\nwritten: {args.out / (prefix + '.md')} (+ .json, {', '.join(images)}); worker logs in {log_dir}; "
+          f"{results['meta']['total_s'] / 60:.1f} min")
+    return 1 if any("error" in r for r in results["jobs"].values()) else 0

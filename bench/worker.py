@@ -1,0 +1,313 @@
+"""One engine, one configuration, one process: ``python -m bench.worker --stage X --task Y[,Z] --json``.
+
+The parent (`python -m bench`) runs every stage and every ablation configuration through this module in a fresh
+process, so global state (a stage's global context, torch's allocator, the peak-memory watermark) never leaks from
+one measurement into the next. Engine chatter goes to stderr; stdout carries only the JSON result.
+
+Tasks:
+    prefill        tokens/s of one prompt's prefill (time to the first token of a fresh prompt; best of N)
+    decode         single-stream decode tokens/s ((n - 1) / (time for n tokens - time for 1 token))
+    offline        output tokens/s on the offline workload, plus each request's completion time
+    serve          stage3+: TTFT / inter-token latency through the HTTP server at 1 and 16 concurrent clients
+    serve_offline  stage3+: the offline workload sent to the server all at once (how TP is compared)
+    shared_prefix  stage2+: prefill tokens computed and wall time on the shared-prefix workload
+    long_prompt    stage2+: a long prompt arrives while others decode: their longest token gap, peak memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES, GenResult, launch_server, load_adapter, sync
+from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
+
+TASKS = ["prefill", "decode", "offline", "serve", "serve_offline", "shared_prefix", "long_prompt"]
+SERVER_ONLY = {"serve", "serve_offline"}  # need no engine in this process
+
+
+def physical_cores() -> int:
+    cores = set()
+    for cpu in os.sched_getaffinity(0):
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topo / "physical_package_id").read_text(), (topo / "core_id").read_text()))
+        except OSError:
+            return len(os.sched_getaffinity(0))
+    return max(1, len(cores))
+
+
+def vocab_size(model: str) -> int:
+    cfg = json.loads(Path(model, "config.json").read_text())
+    return cfg.get("vocab_size") or cfg["text_config"]["vocab_size"]
+
+
+def _check_lengths(res: GenResult, w: Workload) -> int:
+    """Requests whose output length differs from what was asked (must be 0: EOS is ignored everywhere)."""
+    return sum(len(o) != n for o, n in zip(res.outputs, w.output_lens))
+
+
+# ---- engine tasks ---------------------------------------------------------------------------------------------------
+
+def task_prefill(adapter, sizes: Sizes, vocab: int) -> dict:
+    times = []
+    for r in range(sizes.repeats):  # a fresh prompt each time, so no prefix cache can help
+        ids = random_prompt(vocab, sizes.prefill_len, seed=1000 + r)
+        t0 = time.perf_counter()
+        adapter.generate([ids], [1])
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    return {"prompt_tokens": sizes.prefill_len, "seconds": best, "tok_s": sizes.prefill_len / best}
+
+
+def task_decode(adapter, sizes: Sizes, vocab: int) -> dict:
+    n, rates = sizes.decode_len, []
+    for r in range(sizes.repeats):
+        t0 = time.perf_counter()
+        adapter.generate([random_prompt(vocab, 32, seed=2000 + r)], [1])
+        t1 = time.perf_counter()
+        adapter.generate([random_prompt(vocab, 32, seed=3000 + r)], [n])
+        tn = time.perf_counter() - t1
+        rates.append((n - 1) / max(tn - (t1 - t0), 1e-9))
+    return {"new_tokens": n, "tok_s": max(rates)}
+
+
+def task_offline(adapter, w: Workload) -> dict:
+    t0 = time.perf_counter()
+    res = adapter.generate(w.prompts, w.output_lens)
+    wall = time.perf_counter() - t0
+    return {"workload": w.note, "requests": len(w.prompts), "prompt_tokens": w.prompt_tokens,
+            "output_tokens": w.output_tokens, "seconds": wall, "tok_s": w.output_tokens / wall,
+            "finish_s": res.finish_s, "wrong_lengths": _check_lengths(res, w)}
+
+
+def task_shared_prefix(adapter, sizes: Sizes, vocab: int) -> dict:
+    """The first request primes the cache (as a first user would), the rest arrive together."""
+    w = shared_prefix(vocab, **sizes.prefix)
+    adapter.prefill_tokens = 0
+    t0 = time.perf_counter()
+    first = adapter.generate(w.prompts[:1], w.output_lens[:1])
+    rest = adapter.generate(w.prompts[1:], w.output_lens[1:])
+    wall = time.perf_counter() - t0
+    shared = sizes.prefix["system_len"] * len(w.prompts)
+    return {"workload": w.note, "prompt_tokens": w.prompt_tokens, "shared_tokens": shared,
+            "prefill_tokens": adapter.prefill_tokens, "seconds": wall,
+            "wrong_lengths": _check_lengths(GenResult(first.outputs + rest.outputs, []), w)}
+
+
+class PeakMemory:
+    """Peak memory above a baseline: CUDA's allocator watermark on a GPU, sampled RSS (every ms) on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.peak, self.base, self._stop = device, 0, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.001)
+
+    def start(self) -> None:
+        """Call at the moment of interest; measures from here on."""
+        if self.device.type == "cuda":
+            sync(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.base = self.peak = self.rss()
+            self._thread.start()
+
+    def stop(self) -> int:
+        """Bytes above the baseline at the peak."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        self._stop.set()
+        self._thread.join()
+        return self.peak - self.base
+
+
+def task_long_prompt(adapter, sizes: Sizes, vocab: int, device: torch.device) -> dict:
+    """`long_running` short requests decode; once each has 8 tokens, a `long_prompt_len` prompt arrives. Without
+    chunked prefill its whole prefill is one step, and every running request waits for it."""
+    n = sizes.long_running
+    prompts = [random_prompt(vocab, 32, seed=4000 + i) for i in range(n)]
+    prompts.append(random_prompt(vocab, sizes.long_prompt_len, seed=5000))
+    outs = [sizes.long_running_output] * n + [4]
+    mem = PeakMemory(device)
+
+    def release() -> bool:
+        ready = all(len(adapter.token_times.get(u, ())) >= 8 for u in range(n))
+        if ready:
+            mem.start()
+        return ready
+
+    released = adapter.hold_back(n, release)
+    t0 = time.perf_counter()
+    res = adapter.generate(prompts, outs)
+    wall = time.perf_counter() - t0
+    peak = mem.stop()
+    gaps = [b - a for u in range(n) for a, b in zip(adapter.token_times[u], adapter.token_times[u][1:])]
+    t_rel = released.get("t", t0)
+    return {"long_prompt_tokens": sizes.long_prompt_len, "running": n, "seconds": wall,
+            "max_gap_s": max(gaps), "median_gap_s": statistics.median(gaps),
+            "long_ttft_s": adapter.token_times[n][0] - t_rel, "peak_mem_bytes": peak,
+            "wrong_lengths": sum(len(o) != k for o, k in zip(res.outputs, outs))}
+
+
+# ---- server tasks ---------------------------------------------------------------------------------------------------
+
+async def _stream_one(client, url: str, prompt: list[int], max_tokens: int) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    chunks, tokens = [], None
+    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            data = json.loads(line[5:])
+            if data.get("choices"):
+                chunks.append(time.perf_counter() - t0)
+            if data.get("usage"):
+                tokens = data["usage"]["completion_tokens"]
+    # TPOT = per-token decode time of this request; ITL = gaps between chunks (a chunk can carry more than one
+    # token when the detokenizer holds back an incomplete UTF-8 character)
+    tpot = (chunks[-1] - chunks[0]) / (tokens - 1) if tokens and tokens > 1 else None
+    return {"ttft": chunks[0], "itl": [b - a for a, b in zip(chunks, chunks[1:])], "tokens": tokens,
+            "chunks": len(chunks), "tpot": tpot, "latency": chunks[-1]}
+
+
+async def _run_clients(url: str, w: Workload, concurrency: int) -> dict:
+    """`concurrency` clients, each sending its next request as soon as its previous one is done."""
+    import httpx
+
+    queue: asyncio.Queue = asyncio.Queue()
+    for p, o in zip(w.prompts, w.output_lens):
+        queue.put_nowait((p, o))
+    results: list[dict] = []
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+        async def client_loop() -> None:
+            while not queue.empty():
+                p, o = queue.get_nowait()
+                results.append({**await _stream_one(client, url, p, o), "expected": o})
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    out_tokens = sum(r["tokens"] or 0 for r in results)
+    return {"concurrency": concurrency, "requests": len(results), "seconds": wall, "output_tokens": out_tokens,
+            "tok_s": out_tokens / wall, "ttft_s": [r["ttft"] for r in results],
+            "itl_s": [g for r in results for g in r["itl"]], "tpot_s": [r["tpot"] for r in results if r["tpot"]],
+            "chunks_per_token": sum(r["chunks"] for r in results) / max(out_tokens, 1),
+            "wrong_lengths": sum(r["tokens"] != r["expected"] for r in results)}
+
+
+def task_serve(stage: str, model: str, sizes: Sizes, vocab: int, dtype: str, log: Path, options: dict) -> dict:
+    out = {}
+    with launch_server(stage, model, log, dtype, **options) as url:
+        asyncio.run(_run_clients(url, serve_workload(sizes, vocab, 1, seed=7), 1))  # warm-up
+        for c in sizes.serve_clients:
+            out[str(c)] = asyncio.run(_run_clients(url, serve_workload(sizes, vocab, sizes.serve_requests[c]), c))
+    return out
+
+
+def task_serve_offline(stage: str, model: str, w: Workload, dtype: str, log: Path, options: dict) -> dict:
+    with launch_server(stage, model, log, dtype, **options) as url:
+        asyncio.run(_run_clients(url, Workload("warm-up", w.prompts[:1], [4]), 1))
+        r = asyncio.run(_run_clients(url, w, len(w.prompts)))
+    return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
+            "wrong_lengths": r["wrong_lengths"]}
+
+
+# ---- main -----------------------------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> dict:
+    tasks = args.task.split(",")
+    for t in tasks:
+        if t not in TASKS:
+            raise SystemExit(f"unknown task {t!r}; one of {TASKS}")
+    options = json.loads(args.options)
+    device = torch.device("cuda" if args.gpu else "cpu")
+    dtype = torch.bfloat16 if args.gpu else torch.float32
+    dtype_name = "bfloat16" if args.gpu else "float32"
+    sizes = SIZES["gpu" if args.gpu else "cpu", args.quick]
+    vocab = vocab_size(args.model)
+    threads = physical_cores()
+    torch.set_num_threads(threads)  # what the stages pick themselves: hyper-threads do not help GEMMs
+    log = Path(args.log or tempfile.mktemp(prefix="bench-server-", suffix=".log"))
+    result: dict = {"stage": args.stage, "options": options, "threads": threads, "device": str(device), "tasks": {}}
+
+    w = offline_workload(args.gpu, args.quick, vocab)
+    if args.gpu and sizes.slow_stage_seqs and args.stage == "stage0_tiny":
+        w = w.head(sizes.slow_stage_seqs)  # one request at a time through 256 x 1024 tokens would take an hour
+    adapter = None
+    if any(t not in SERVER_ONLY for t in tasks):
+        t0 = time.perf_counter()
+        adapter = load_adapter(args.stage, args.model, device, dtype, **options)
+        adapter.generate([random_prompt(vocab, 16, seed=9)], [4])  # warm-up: first touches, allocator, kernels
+        result["load_s"] = time.perf_counter() - t0
+    for t in tasks:
+        if t == "prefill":
+            r = task_prefill(adapter, sizes, vocab)
+        elif t == "decode":
+            r = task_decode(adapter, sizes, vocab)
+        elif t == "offline":
+            r = task_offline(adapter, w)
+        elif t == "shared_prefix":
+            r = task_shared_prefix(adapter, sizes, vocab)
+        elif t == "long_prompt":
+            r = task_long_prompt(adapter, sizes, vocab, device)
+        elif t == "serve":
+            r = task_serve(args.stage, args.model, sizes, vocab, dtype_name, log, options)
+        else:
+            r = task_serve_offline(args.stage, args.model, w, dtype_name, log, options)
+        result["tasks"][t] = r
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", required=True, choices=ENGINES, help="engine: hf or a stage package")
+    ap.add_argument("--task", required=True, help=f"comma-separated, from {TASKS}")
+    ap.add_argument("--model", required=True, help="HF model directory")
+    ap.add_argument("--options", default="{}", help="engine options as JSON (SchedulerConfig fields / server flags)")
+    ap.add_argument("--quick", action="store_true", help="the reduced sizes of `python -m bench --quick`")
+    ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, the GPU workloads")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    ap.add_argument("--log", default=None, help="where a launched server writes its output")
+    args = ap.parse_args(argv)
+    if args.stage not in LLM_STAGES and any(t in ("shared_prefix", "long_prompt") for t in args.task.split(",")):
+        raise SystemExit(f"{args.stage} has no scheduler: shared_prefix / long_prompt need stage2+")
+    if args.stage not in SERVER_STAGES and any(t in SERVER_ONLY for t in args.task.split(",")):
+        raise SystemExit(f"{args.stage} has no server: serve tasks need stage3+")
+    # engines print progress and logs; keep stdout for the JSON alone
+    real_stdout = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run(args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1), file=real_stdout, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
