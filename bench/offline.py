@@ -91,10 +91,13 @@ def run_row(engine: str, workload_name: str, model: str, options: dict) -> dict:
         "--model",
         model,
     ]
+    load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["load"] = f"{load_before:.1f}/{os.getloadavg()[0]:.1f}"  # 1-min load average before/after the row
+    return res
 
 
 def machine() -> str:
@@ -136,18 +139,20 @@ def report(
         f"- command: `{' '.join(['python -m bench.offline', *sys.argv[1:]])}`",
         f"- model: {Path(args.model).name}, fp32, greedy, EOS ignored; torch {torch.__version__}, "
         f"transformers {transformers.__version__}",
-        f"- load average (1/5/15 min) before: {load_before}, after: {load_after}; total {total_s:.0f} s",
+        f"- load average (1/5/15 min) before: {load_before}, after: {load_after}; total {total_s:.0f} s. The machine "
+        "(2 cores) is shared: with other work running, every engine slows down several times (two OpenMP threads "
+        "wait for each other), so compare rows only at low load.",
         "",
         "## Offline workload: 16 requests, seed 0, prompts randint(32, 256), outputs randint(16, 128)",
         "",
-        "| engine | output tokens | seconds | output tok/s | vs HF | outputs equal HF |",
-        "|---|---:|---:|---:|---:|---|",
+        "| engine | output tokens | seconds | output tok/s | vs HF | outputs equal HF | load before/after |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for label, _, wname, _, res in results:
         if wname != "offline":
             continue
         if "seconds" not in res:
-            lines.append(f"| {label} | — | — | — | — | {res.get('missing') or res.get('error')} |")
+            lines.append(f"| {label} | — | — | — | — | {res.get('missing') or res.get('error')} | |")
             continue
         rate = res["output_tokens"] / res["seconds"]
         vs = f"{rate / hf_rate:.2f}×" if hf_rate else "—"
@@ -156,7 +161,9 @@ def report(
             if hf_out is None or label == ROWS[0][0]
             else (f"{sum(a == b for a, b in zip(res['outputs'], hf_out))}/{len(hf_out)}")
         )
-        lines.append(f"| {label} | {res['output_tokens']} | {res['seconds']:.1f} | {rate:.1f} | {vs} | {same} |")
+        lines.append(
+            f"| {label} | {res['output_tokens']} | {res['seconds']:.1f} | {rate:.1f} | {vs} | {same} | {res['load']} |"
+        )
     radix = by_label.get(ROWS[4][0], {})
     naive = by_label.get(ROWS[5][0], {})
     lines += [
@@ -164,17 +171,17 @@ def report(
         f"## Shared prefix: {PREFIX['num_seqs']} requests = {PREFIX['system_len']}-token system prompt + "
         f"{PREFIX['question_len']}-token question, {PREFIX['output_len']} output tokens",
         "",
-        "| cache | prefill tokens computed | seconds | output tok/s |",
-        "|---|---:|---:|---:|",
+        "| cache | prefill tokens computed | seconds | output tok/s | load before/after |",
+        "|---|---:|---:|---:|---|",
     ]
     for name, res in (("radix", radix), ("naive", naive)):
         if "seconds" in res:
             lines.append(
                 f"| {name} | {res['prefill_tokens']} of {res['prompt_tokens']} | {res['seconds']:.1f} | "
-                f"{res['output_tokens'] / res['seconds']:.1f} |"
+                f"{res['output_tokens'] / res['seconds']:.1f} | {res['load']} |"
             )
         else:
-            lines.append(f"| {name} | {res.get('missing') or res.get('error')} | | |")
+            lines.append(f"| {name} | {res.get('missing') or res.get('error')} | | | |")
     if "seconds" in radix and "seconds" in naive:
         shared_total = PREFIX["num_seqs"] * PREFIX["system_len"]
         served = naive["prefill_tokens"] - radix["prefill_tokens"]
