@@ -1,0 +1,106 @@
+"""Attention backends and the ``--attn PREFILL[,DECODE]`` factory.
+
+* ``torch``: the PyTorch reference (CPU default).
+* ``triton``: our Triton kernels (any GPU with Triton; the CPU runs them under the interpreter).
+* ``fi``: FlashInfer paged prefill/decode wrappers.
+* ``fa``: FlashAttention 4 varlen with a paged KV cache.
+
+Each GPU backend imports its library only when built, so this package imports on any machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from ..utils import Registry
+from .base import BaseAttnBackend, BaseAttnMetadata, HybridBackend
+from .torch_backend import TorchBackend
+
+if TYPE_CHECKING:
+    from ..models import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _triton(config: ModelConfig) -> BaseAttnBackend:
+    from .triton import TritonBackend
+
+    return TritonBackend(config)
+
+
+def _fi(config: ModelConfig) -> BaseAttnBackend:
+    from .fi import FlashInferBackend
+
+    return FlashInferBackend(config)
+
+
+def _fa(config: ModelConfig) -> BaseAttnBackend:
+    from .fa import FlashAttentionBackend
+
+    return FlashAttentionBackend(config)
+
+
+SUPPORTED_ATTENTION_BACKENDS: Registry[Callable[[ModelConfig], BaseAttnBackend]] = Registry("attention backend")
+SUPPORTED_ATTENTION_BACKENDS.register("torch")(TorchBackend)
+SUPPORTED_ATTENTION_BACKENDS.register("triton")(_triton)
+SUPPORTED_ATTENTION_BACKENDS.register("fi")(_fi)
+SUPPORTED_ATTENTION_BACKENDS.register("fa")(_fa)
+
+
+def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
+    """"auto", one name, or "prefill,decode"."""
+    if backend == "auto" and allow_auto:
+        return backend
+    names = backend.split(",")
+    if len(names) > 2 or not all(names):
+        raise ValueError(f"attention backend must be NAME or PREFILL,DECODE, got {backend!r}")
+    SUPPORTED_ATTENTION_BACKENDS.assert_supported(names)
+    return backend
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except Exception:  # a parent package that fails to import counts as absent
+        return False
+
+
+def resolve_auto_backend(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
+    """What "auto" means here. CPU: the torch reference. GPU: FlashInfer for decode when installed (upstream's
+    sm90 choice is "fa,fi"; we take FA 4 for prefill on sm90+ only when its package is present), else Triton.
+    FlashInfer and FlashAttention compute in 16-bit only, so an fp32 engine gets Triton."""
+    if device.type != "cuda":
+        return "torch"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return "triton"
+    decode = "fi" if _installed("flashinfer") else "triton"
+    prefill = decode
+    if _installed("flash_attn.cute") and torch.cuda.get_device_capability(device)[0] >= 9:
+        prefill = "fa"
+    return decode if prefill == decode else f"{prefill},{decode}"
+
+
+def create_attention_backend(backend: str, config: ModelConfig) -> BaseAttnBackend:
+    """Backends read ctx.kv_cache and ctx.page_table when built: create the pool first."""
+    names = backend.split(",")
+    if len(names) == 2 and names[0] == names[1]:
+        logger.warning("prefill and decode backends are both %r: using one backend", names[0])
+        names = names[:1]
+    if len(names) == 1:
+        return SUPPORTED_ATTENTION_BACKENDS[names[0]](config)
+    return HybridBackend(SUPPORTED_ATTENTION_BACKENDS[names[0]](config), SUPPORTED_ATTENTION_BACKENDS[names[1]](config))
+
+
+__all__ = [
+    "SUPPORTED_ATTENTION_BACKENDS",
+    "BaseAttnBackend",
+    "BaseAttnMetadata",
+    "HybridBackend",
+    "create_attention_backend",
+    "resolve_auto_backend",
+    "validate_attn_backend",
+]

@@ -1,0 +1,131 @@
+"""Triton backend: our own paged decode/prefill kernels (``kernel/triton_attention.py``), so a GPU without
+FlashInfer or FlashAttention is still fast, and a CPU can run the same code under the Triton interpreter.
+
+The kernels read the token-slot page table directly through each request's row (``table_idx``), so the
+metadata is three small vectors; a captured decode graph reads them from fixed buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List
+
+import torch
+
+from ..core import get_global_ctx
+from ..distributed import get_tp_info
+from .base import BaseAttnBackend, BaseAttnMetadata
+from .utils import make_seq_lens, upload
+
+if TYPE_CHECKING:
+    from ..core import Batch
+    from ..models import ModelConfig
+
+MAX_DECODE_SPLITS = 16
+
+
+@dataclass
+class TritonMetadata(BaseAttnMetadata):
+    cu_seqlens_q: torch.Tensor  # [bs + 1] int32, device
+    seq_lens: torch.Tensor  # [bs] int32, device
+    table_idx: torch.Tensor  # [bs] int32, device
+    max_seqlen_q: int
+    num_splits: int = 1  # decode split-K factor
+    mid_o: torch.Tensor | None = None  # decode scratch (fixed buffers under a CUDA graph)
+    mid_lse: torch.Tensor | None = None
+
+    @property
+    def is_decode(self) -> bool:
+        return self.max_seqlen_q == 1
+
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        return self.cu_seqlens_q[1 : 1 + bs] - 1
+
+
+@dataclass
+class TritonCaptureData:
+    table_idx: torch.Tensor  # [max_bs]
+    seq_lens: torch.Tensor  # [max_bs]
+    cu_seqlens_q: torch.Tensor  # [max_bs + 1] = arange: one query per request
+    mid_o: torch.Tensor  # [max_bs, Hq, MAX_DECODE_SPLITS, D] fp32
+    mid_lse: torch.Tensor  # [max_bs, Hq, MAX_DECODE_SPLITS] fp32
+
+
+class TritonBackend(BaseAttnBackend):
+    def __init__(self, config: ModelConfig):
+        from ..kernel import triton_attention  # imported here: Triton is only needed when this backend is used
+
+        self._kernels = triton_attention
+        ctx = get_global_ctx()
+        self.kv_cache = ctx.kv_cache
+        self.page_table = ctx.page_table
+        self.device = self.page_table.device
+        self.scale = config.head_dim**-0.5
+        k0 = self.kv_cache.k_cache(0)
+        self.num_kv_heads, self.head_dim = k0.shape[-2], k0.shape[-1]
+        self.num_qo_heads = config.num_qo_heads // get_tp_info().size
+        layers = range(self.kv_cache.num_layers)
+        self._k = [self.kv_cache.k_cache(i).view(-1, self.num_kv_heads, self.head_dim) for i in layers]
+        self._v = [self.kv_cache.v_cache(i).view(-1, self.num_kv_heads, self.head_dim) for i in layers]
+        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if self.device.type == "cuda" else 1)
+        self.capture: TritonCaptureData | None = None
+        self._capture_meta: Dict[int, TritonMetadata] = {}
+
+    def _num_splits(self, bs: int) -> int:
+        return self._kernels.decode_num_splits(bs, self.num_kv_heads, MAX_DECODE_SPLITS, self.num_sms)
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        lens = make_seq_lens(batch.padded_reqs)
+        batch.attn_metadata = TritonMetadata(
+            cu_seqlens_q=upload(lens.cu_seqlens_q, self.device),
+            seq_lens=upload(lens.seqlens_k, self.device),
+            table_idx=upload(lens.table_idx, self.device),
+            max_seqlen_q=lens.max_seqlen_q,
+            num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
+        )
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        k_slots, v_slots = self._k[layer_id], self._v[layer_id]
+        if meta.is_decode:
+            return self._kernels.decode_attention(
+                q, k_slots, v_slots, self.page_table, meta.table_idx, meta.seq_lens, self.scale, meta.num_splits,
+                mid_o=meta.mid_o, mid_lse=meta.mid_lse,
+            )
+        return self._kernels.prefill_attention(
+            q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
+            meta.max_seqlen_q, self.scale,
+        )
+
+    # ---- CUDA graph hooks (decode only) ----
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        max_bs = max(bs_list)
+        i32 = dict(dtype=torch.int32, device=self.device)
+        f32 = dict(dtype=torch.float32, device=self.device)
+        self.capture = TritonCaptureData(
+            table_idx=torch.zeros(max_bs, **i32),
+            seq_lens=torch.ones(max_bs, **i32),
+            cu_seqlens_q=torch.arange(max_bs + 1, **i32),
+            mid_o=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, self.head_dim, **f32),
+            mid_lse=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, **f32),
+        )
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        cap = self.capture
+        assert cap is not None, "init_capture_graph first"
+        bs = batch.padded_size
+        batch.attn_metadata = TritonMetadata(
+            cu_seqlens_q=cap.cu_seqlens_q[: bs + 1], seq_lens=cap.seq_lens[:bs], table_idx=cap.table_idx[:bs],
+            max_seqlen_q=1, num_splits=self._num_splits(bs), mid_o=cap.mid_o[:bs], mid_lse=cap.mid_lse[:bs],
+        )
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        cap = self.capture
+        assert cap is not None
+        meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
+        bs = batch.padded_size
+        cap.table_idx[:bs].copy_(meta.table_idx)
+        cap.seq_lens[:bs].copy_(meta.seq_lens)
+

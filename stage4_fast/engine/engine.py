@@ -1,0 +1,191 @@
+"""The engine of one TP rank: model shard + KV pool + page table + attention/MoE backends + CUDA graphs + sampler
+on one device; runs one batch. With tp > 1 every rank runs the same batches in lock-step (one process each) and
+the layers' collectives join the ranks' partial results."""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import torch
+
+from ..attention import create_attention_backend, resolve_auto_backend, validate_attn_backend
+from ..core import Batch, Context, Req, SamplingParams, set_global_ctx
+from ..distributed import destroy_distributed, init_process_group, reset_tp_info, set_tp_info
+from ..kvcache import create_kvcache_pool
+from ..layers import set_rope_device
+from ..models import create_model, load_weight
+from ..moe import create_moe_backend, resolve_auto_moe_backend
+from ..utils import align_ceil, div_even, torch_dtype
+from ..utils.device import (
+    Event,
+    create_stream,
+    current_stream,
+    is_cuda,
+    physical_cpu_count,
+    record_event,
+    stream_context,
+)
+from ..utils.hf import resolve_model_path
+from .config import EngineConfig
+from .graph import GraphRunner, get_free_memory
+from .sample import BatchSamplingArgs, Sampler
+
+logger = logging.getLogger(__name__)
+
+# Upstream sizes the KV pool from free GPU memory. Host RAM is shared with everything else, so on CPU the pool gets
+# a fixed budget unless num_page_override says otherwise (allocated lazily: untouched pages cost no memory).
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+class ForwardOutput(NamedTuple):
+    next_tokens_gpu: torch.Tensor  # on the engine device (the name is upstream's)
+    next_tokens_cpu: torch.Tensor  # host copy; valid once copy_done_event has completed
+    copy_done_event: Event
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        tp = config.tp_info
+        set_tp_info(tp.rank, tp.size)
+        self.device = torch.device(f"cuda:{tp.rank}") if torch.cuda.is_available() else torch.device("cpu")
+        self.config = config = self._adjust_config(config, self.device)
+        model_path = resolve_model_path(config.model_path)
+        if is_cuda(self.device):
+            torch.cuda.set_device(self.device)
+        else:
+            # the GEMMs are memory-bound: hyper-threads only add contention; each TP rank gets its share of cores
+            torch.set_num_threads(max(1, physical_cpu_count() // tp.size))
+        torch.manual_seed(42)
+        self.stream = create_stream(self.device)
+        self.dtype = config.dtype
+        self.ctx = Context(page_size=config.page_size)
+        set_global_ctx(self.ctx)
+        # gloo group for host-side messages (None with one rank); GPU tensors go through NCCL
+        self.tp_cpu_group = init_process_group(tp, config.distributed_addr, self.device, config.distributed_timeout)
+        free_memory = self._sync_free_memory()
+
+        with stream_context(self.stream):
+            model_config = config.model_config
+            set_rope_device(self.device)
+            with torch.device("meta"), torch_dtype(config.dtype):
+                self.model = create_model(model_config)
+            self.model.load_state_dict(self._load_weights(model_path))
+
+            self.num_pages = self._num_pages()
+            # one extra page at the end: the dummy request's (padding) slots
+            self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(
+                model_config, self.num_pages + 1, config.page_size, config.dtype, self.device
+            )
+            self.max_seq_len = min(config.max_seq_len, self.num_pages * config.page_size)
+            self.page_table = self.ctx.page_table = torch.zeros(
+                config.max_running_req + 1, align_ceil(self.max_seq_len, 32), dtype=torch.int32, device=self.device
+            )
+            self.attn_backend = self.ctx.attn_backend = create_attention_backend(config.attention_backend, model_config)
+            if model_config.is_moe:
+                self.moe_backend = self.ctx.moe_backend = create_moe_backend(config.moe_backend)
+            self.sampler = Sampler(self.device, model_config.vocab_size)
+            self.dummy_req = Req(
+                input_ids=torch.tensor([0], dtype=torch.int32),
+                table_idx=config.max_running_req,
+                cached_len=0,
+                output_len=1,
+                uid=-1,
+                sampling_params=SamplingParams(),
+            )
+            self.page_table[self.dummy_req.table_idx].fill_(self.num_pages * config.page_size)
+            self.graph_runner = GraphRunner(
+                stream=self.stream,
+                device=self.device,
+                model=self.model,
+                attn_backend=self.attn_backend,
+                cuda_graph_bs=config.cuda_graph_bs,
+                cuda_graph_max_bs=self._graph_max_bs(),
+                free_memory=free_memory,
+                max_seq_len=self.max_seq_len,
+                vocab_size=model_config.vocab_size,
+                dummy_req=self.dummy_req,
+            )
+        logger.info(
+            "rank %d/%d on %s: attention %s, MoE %s, %s graphs for batch sizes up to %d, %d KV pages of %d",
+            tp.rank, tp.size, self.device, config.attention_backend, config.moe_backend if model_config.is_moe else "-",
+            "emulated" if self.graph_runner.emulated else "CUDA", self.graph_runner.max_graph_bs, self.num_pages,
+            config.page_size,
+        )
+
+    @staticmethod
+    def _adjust_config(config: EngineConfig, device: torch.device) -> EngineConfig:
+        # like upstream, "auto" is resolved in place on the frozen config
+        validate_attn_backend(config.attention_backend)
+        if config.attention_backend == "auto":
+            object.__setattr__(config, "attention_backend", resolve_auto_backend(device, config.dtype))
+        if config.moe_backend == "auto":
+            object.__setattr__(config, "moe_backend", resolve_auto_moe_backend(device))
+        return config
+
+    def _graph_max_bs(self) -> int | None:
+        """The torch backend cannot be captured in a real CUDA graph (it reads lengths on the host): graphs are
+        off for it on a GPU; on CPU every backend runs under the emulation."""
+        uses_torch = "torch" in self.config.attention_backend.split(",")[-1:]
+        if is_cuda(self.device) and uses_torch and self.config.cuda_graph_bs is None:
+            return 0
+        return self.config.cuda_graph_max_bs
+
+    def _sync_free_memory(self) -> int:
+        """Free device memory; with several ranks the minimum, so every rank sizes the same KV pool."""
+        free = get_free_memory(self.device)
+        if self.tp_cpu_group is not None:
+            t = torch.tensor([free, -free], dtype=torch.int64)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.tp_cpu_group)
+            low, high = int(t[0]), -int(t[1])
+            if high - low > 2 * (1 << 30):
+                raise RuntimeError(f"free memory differs too much across ranks: {low} vs {high} bytes")
+            free = low
+        return free
+
+    def _load_weights(self, model_path: str) -> dict[str, torch.Tensor]:
+        if self.config.use_dummy_weight:
+            shapes = self.model.state_dict()
+            return {k: torch.randn(v.shape, dtype=self.dtype, device=self.device) * 0.02 for k, v in shapes.items()}
+        mc = self.config.model_config
+        # each tensor is converted as it streams in: the dict ends up holding the model's only copy
+        weights = load_weight(model_path, self.device, mc.num_kv_heads, mc.num_experts if mc.is_moe else 0)
+        return {k: v.to(self.dtype) for k, v in weights}
+
+    def _num_pages(self) -> int:
+        config = self.config
+        if config.num_page_override is not None:
+            return config.num_page_override
+        mc = config.model_config
+        kv_heads_local = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)
+        bytes_per_page = 2 * mc.head_dim * kv_heads_local * config.page_size * self.dtype.itemsize * mc.num_layers
+        if is_cuda(self.device):
+            free = self._sync_free_memory()  # after the weights: the same on every rank
+            budget = int(free * config.memory_ratio)
+        else:
+            budget = CPU_KV_CACHE_BYTES
+        num_pages = budget // bytes_per_page
+        assert num_pages > 1, "not enough memory for the KV cache"
+        return num_pages
+
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        if is_cuda(self.device):
+            assert current_stream(self.device) == self.stream, "run forward_batch on the engine stream"
+        # Several engines may live in one process (tests); the layers read the global context, so make it ours.
+        set_global_ctx(self.ctx)
+        with torch.inference_mode(), self.ctx.forward_batch(batch):
+            if self.graph_runner.can_use_cuda_graph(batch):
+                logits = self.graph_runner.replay(batch)
+            else:
+                logits = self.model.forward()
+            for req in batch.reqs:
+                req.complete_one()
+            next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
+            next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=True)
+            copy_done_event = record_event(self.device)
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event)
+
+    def shutdown(self) -> None:
+        self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)
+        destroy_distributed()
+        reset_tp_info()

@@ -1,0 +1,203 @@
+"""CUDA-graph runner for decode batches, with a CPU emulation that keeps the same discipline.
+
+A captured graph replays fixed kernels on fixed memory: whatever a replay should see has to be copied into the
+buffers the capture used. So the runner owns one set of input/output buffers sized for the largest graph
+(``GraphCaptureBuffer``), each captured batch reads its inputs as views of them, the attention backend keeps its
+metadata in its own capture buffers (``prepare_for_capture``), and a replay first copies the real batch's
+inputs (``copy_from``) and metadata (``prepare_for_replay``) in.
+
+On CPU, ``EmulatedGraph`` stands in for ``torch.cuda.CUDAGraph``: capture records a closure over the *capture*
+batch and replay re-runs it. Like a real graph the closure never sees the batch being replayed, only the
+buffers, so an input that is not copied in produces a wrong result here too (a test proves it).
+
+Decode batches are padded with the engine's dummy request up to the next captured size (``pad_batch``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Dict, List, Protocol
+
+import torch
+
+from ..core import Batch, Req, get_global_ctx
+from ..utils.device import Stream, is_cuda, stream_context
+
+if TYPE_CHECKING:
+    from ..attention import BaseAttnBackend
+    from ..models import BaseLLMModel
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_MAX_BS = 16  # emulation: a few sizes keep start-up cheap; larger decode batches run eagerly
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class EmulatedGraph:
+    """A recorded closure standing in for a CUDA graph on CPU."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self._fn: Callable[[], None] | None = fn
+
+    def replay(self) -> None:
+        assert self._fn is not None, "graph was destroyed"
+        self._fn()
+
+    def reset(self) -> None:
+        self._fn = None
+
+
+@dataclass
+class GraphCaptureBuffer:
+    input_ids: torch.Tensor  # [max_bs] int32
+    out_loc: torch.Tensor  # [max_bs] int32
+    positions: torch.Tensor  # [max_bs] int32
+    logits: torch.Tensor  # [max_bs, vocab] float32
+
+    @classmethod
+    def init(cls, bs: int, vocab_size: int, device: torch.device, dummy_slot: int = 0) -> GraphCaptureBuffer:
+        # out_loc starts at the dummy slot so capture runs write their KV where nothing lives. Normal (not
+        # inference) tensors: in-place copies then bump their version counter, which memos check.
+        with torch.inference_mode(False):
+            return cls(
+                input_ids=torch.zeros(bs, dtype=torch.int32, device=device),
+                out_loc=torch.full((bs,), dummy_slot, dtype=torch.int32, device=device),
+                positions=torch.zeros(bs, dtype=torch.int32, device=device),
+                logits=torch.empty(bs, vocab_size, dtype=torch.float32, device=device),
+            )
+
+    def set_batch(self, batch: Batch) -> None:
+        """Make the capture batch's inputs views of the buffers."""
+        bs = batch.padded_size
+        batch.input_ids = self.input_ids[:bs]
+        batch.out_loc = self.out_loc[:bs]
+        batch.positions = self.positions[:bs]
+
+    def copy_from(self, batch: Batch) -> None:
+        bs = batch.padded_size
+        self.input_ids[:bs].copy_(batch.input_ids)
+        self.out_loc[:bs].copy_(batch.out_loc)
+        self.positions[:bs].copy_(batch.positions)
+
+
+def default_graph_bs_list(
+    device: torch.device, free_memory: int, cuda_graph_bs: List[int] | None, cuda_graph_max_bs: int | None
+) -> List[int]:
+    """Explicit list if given; else [1, 2, 4] + multiples of 8 up to the max (upstream: 256 on a > 80 GiB GPU,
+    160 otherwise; 16 for the CPU emulation). A max below 1 disables graphs."""
+    if cuda_graph_bs is not None:
+        return sorted(set(cuda_graph_bs))
+    if cuda_graph_max_bs is None:
+        if is_cuda(device):
+            cuda_graph_max_bs = 256 if free_memory > 80 * (1 << 30) else 160
+        else:
+            cuda_graph_max_bs = CPU_DEFAULT_MAX_BS
+    if cuda_graph_max_bs < 1:
+        return []
+    sizes = [bs for bs in (1, 2, 4) if bs <= cuda_graph_max_bs]
+    return sizes + list(range(8, cuda_graph_max_bs + 1, 8))
+
+
+class GraphRunner:
+    def __init__(
+        self,
+        stream: Stream,
+        device: torch.device,
+        model: BaseLLMModel,
+        attn_backend: BaseAttnBackend,
+        cuda_graph_bs: List[int] | None,
+        cuda_graph_max_bs: int | None,
+        free_memory: int,
+        max_seq_len: int,
+        vocab_size: int,
+        dummy_req: Req,
+    ):
+        self.stream = stream
+        self.device = device
+        self.model = model
+        self.attn_backend = attn_backend
+        self.dummy_req = dummy_req
+        self.graph_bs_list = default_graph_bs_list(device, free_memory, cuda_graph_bs, cuda_graph_max_bs)
+        self.max_graph_bs = max(self.graph_bs_list, default=0)
+        self.graph_map: Dict[int, Graph] = {}
+        self.emulated = not is_cuda(device)
+        if self.max_graph_bs == 0:
+            return
+        dummy_slot = int(get_global_ctx().page_table[dummy_req.table_idx, 0])
+        self.buffer = GraphCaptureBuffer.init(self.max_graph_bs, vocab_size, device, dummy_slot)
+        self._capture_graphs(max_seq_len)
+
+    def _capture_graphs(self, max_seq_len: int) -> None:
+        self.attn_backend.init_capture_graph(max_seq_len, self.graph_bs_list)
+        ctx = get_global_ctx()
+        pool = None
+        kind = "emulated" if self.emulated else "CUDA"
+        logger.info("capturing %s graphs for batch sizes %s", kind, self.graph_bs_list)
+        with torch.inference_mode(), stream_context(self.stream):
+            for bs in sorted(self.graph_bs_list, reverse=True):  # largest first: later ones reuse its memory
+                batch = Batch(reqs=[self.dummy_req] * bs, phase="decode")
+                batch.padded_reqs = batch.reqs
+                self.buffer.set_batch(batch)
+                self.attn_backend.prepare_for_capture(batch)
+                with ctx.forward_batch(batch):  # warm-up: lazy initialisation must not happen during capture
+                    self.buffer.logits[:bs] = self.model.forward()
+                if self.emulated:
+                    self.graph_map[bs] = EmulatedGraph(self._make_closure(batch))
+                    continue
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=self.stream), ctx.forward_batch(batch):
+                    self.buffer.logits[:bs] = self.model.forward()
+                pool = graph.pool()
+                self.graph_map[bs] = graph
+
+    def _make_closure(self, capture_batch: Batch) -> Callable[[], None]:
+        bs = capture_batch.padded_size
+
+        def run() -> None:
+            # A replay happens inside the engine's forward_batch(real batch); the model must see the capture
+            # batch instead, exactly as a real graph only "sees" what it captured.
+            ctx = get_global_ctx()
+            replayed, ctx._batch = ctx._batch, capture_batch
+            try:
+                self.buffer.logits[:bs] = self.model.forward()
+            finally:
+                ctx._batch = replayed
+
+        return run
+
+    def can_use_cuda_graph(self, batch: Batch) -> bool:
+        return batch.is_decode and 0 < batch.size <= self.max_graph_bs
+
+    def pad_batch(self, batch: Batch) -> None:
+        """Pad a graph-eligible decode batch with the dummy request up to the next captured size."""
+        if not self.can_use_cuda_graph(batch):
+            batch.padded_reqs = list(batch.reqs)
+            return
+        padded = next(bs for bs in self.graph_bs_list if bs >= batch.size)
+        batch.padded_reqs = list(batch.reqs) + [self.dummy_req] * (padded - batch.size)
+
+    def replay(self, batch: Batch) -> torch.Tensor:
+        assert batch.padded_size in self.graph_map, "pad_batch first"
+        self.buffer.copy_from(batch)
+        self.attn_backend.prepare_for_replay(batch)
+        self.graph_map[batch.padded_size].replay()
+        return self.buffer.logits[: batch.size]
+
+    def destroy_cuda_graphs(self) -> None:
+        for graph in self.graph_map.values():
+            graph.reset()
+        self.graph_map.clear()
+
+
+def mem_GB(size: int) -> str:
+    return f"{size / (1 << 30):.2f} GiB"
+
+
+def get_free_memory(device: torch.device) -> int:
+    return torch.cuda.mem_get_info(device)[0] if is_cuda(device) else 0

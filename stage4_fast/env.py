@@ -1,0 +1,43 @@
+"""Environment switches, read from MINISGL_<NAME> (as upstream)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    default_value: T
+    fn: Callable[[str], T]
+
+    @property
+    def value(self) -> T:
+        # Read on every access (upstream reads once at import) so a test can flip it with monkeypatch.setenv.
+        raw = os.getenv(f"MINISGL_{self.name}")
+        if raw is None:
+            return self.default_value
+        try:
+            return self.fn(raw)
+        except ValueError:
+            return self.default_value
+
+
+def _parse_bool(raw: str) -> bool:
+    return raw.strip().lower() in ("1", "true", "yes")
+
+
+class _Env:
+    DISABLE_OVERLAP_SCHEDULING = EnvVar("DISABLE_OVERLAP_SCHEDULING", False, _parse_bool)
+    # sampling of the interactive shell (`--shell`)
+    SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 2048, int)
+    SHELL_TOP_K = EnvVar("SHELL_TOP_K", -1, int)
+    SHELL_TOP_P = EnvVar("SHELL_TOP_P", 1.0, float)
+    SHELL_TEMPERATURE = EnvVar("SHELL_TEMPERATURE", 0.6, float)
+
+
+ENV = _Env()

@@ -1,0 +1,39 @@
+"""Custom kernels. ``store_cache`` and ``indexing`` run JIT-built CUDA on a GPU and the torch reference
+elsewhere; the Triton kernels (attention, fused MoE) live in their own modules so importing this package never
+needs Triton."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from .jit import load_cuda_kernels
+from .ref import indexing_ref, store_cache_ref
+
+
+def store_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> None:
+    """Write K/V rows [L, ...] into the caches (viewed as [num_slots, -1]) at the token slots ``indices`` [L].
+    Duplicate slots are not allowed."""
+    module = load_cuda_kernels() if k_cache.is_cuda else None
+    if module is None:
+        store_cache_ref(k_cache, v_cache, indices, k, v)
+    else:
+        module.store_cache(k_cache, v_cache, indices, k, v)
+
+
+def indexing(weights: torch.Tensor, indices: torch.Tensor, *, output: torch.Tensor | None = None,
+             vocab_range: Tuple[int, int] | None = None) -> torch.Tensor:
+    """Embedding lookup ``weights[indices]``; with ``vocab_range=(start, length)`` out-of-range rows are zero."""
+    module = load_cuda_kernels() if weights.is_cuda else None
+    if module is None:
+        return indexing_ref(weights, indices, output=output, vocab_range=vocab_range)
+    if output is None:
+        output = weights.new_empty(indices.shape[0], weights.shape[1])
+    start, length = vocab_range if vocab_range is not None else (0, weights.shape[0])
+    module.indexing(weights, indices, output, start, length)
+    return output
+
+
+__all__ = ["indexing", "load_cuda_kernels", "store_cache"]

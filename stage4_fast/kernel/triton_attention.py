@@ -1,0 +1,251 @@
+"""Triton paged attention over the token-slot page table (page size 1 view, like upstream's FlashInfer path).
+
+Both kernels read K/V rows straight from the pool through ``page_table[table_idx[b], pos]`` (token slots), so a
+request's KV never has to be contiguous and nothing is gathered on the host.
+
+* decode: one query token per request. Grid (batch, kv_head, split): every program owns all query heads of one
+  KV head (GQA packing, so each K/V row is read once per KV head) and one slice of the sequence (split-K, so a
+  small batch still fills the GPU); a second kernel merges the slices by their log-sum-exp. The number of
+  splits depends only on the batch size, so a CUDA graph captured for one batch size replays with any lengths.
+* prefill (extend): ragged queries with a cached prefix, causal. Grid (batch, q_head, query block); query row i
+  of request b sits at position ``seq_len - extend_len + i`` and sees keys up to that position.
+
+Both run under ``TRITON_INTERPRET=1`` on a CPU (the tests do that), where fp32 dots are exact; on a GPU fp32 dots
+use IEEE precision rather than TF32 so fp32 runs stay token-for-token with HF.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _dot_precision(dtype: torch.dtype) -> str | None:
+    return "ieee" if dtype == torch.float32 else None  # None: the default, which only matters for fp32
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
+    sm_scale, num_splits,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SeqLens + b)
+    row = tl.load(TableIdx + b).to(tl.int64)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < end
+        slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out_mask = h_mask[:, None] & d_mask[None, :]
+    if DIRECT:  # a single split: its result is final
+        out = acc / l_i[:, None]
+        tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(Out.dtype.element_ty), mask=out_mask)
+    else:
+        has_keys = l_i > 0  # a split past the end of a short sequence holds nothing
+        out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
+                 out, mask=out_mask)
+        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    MidO, MidLse, Out,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
+    num_splits,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(MidLse + b * stride_mlb + head * stride_mlh + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)  # finite: split 0 always holds the first key
+    w = tl.exp(lse - m)
+    w = w / tl.sum(w, 0)
+    o = tl.load(MidO + b * stride_mob + head * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
+                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], 0)
+    tl.store(Out + b * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _prefill_kernel(
+    Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
+    sm_scale,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    m_block = tl.program_id(2)
+    q_start = tl.load(CuSeqlensQ + b)
+    q_len = tl.load(CuSeqlensQ + b + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(SeqLens + b)
+    prefix = seq_len - q_len
+    row = tl.load(TableIdx + b).to(tl.int64)
+    kv_head = head // GROUP
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    tokens = (q_start + offs_m).to(tl.int64)
+    q = tl.load(Q + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)  # the causal horizon of this query block
+    for n0 in range(0, end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < end
+        slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
+        visible = n_mask[None, :] & (pos[None, :] <= (prefix + offs_m)[:, None])
+        qk = tl.where(visible, qk, float("-inf"))  # key 0 is visible to every row, so no row is all -inf
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132) -> int:
+    """Split-K factor: enough programs to fill the GPU about twice. It depends on the batch size only, so one
+    captured graph per batch size stays valid."""
+    if _interpreting():
+        return min(2, max_splits)  # exercise the merge path, cheaply
+    return max(1, min(max_splits, math.ceil(2 * num_sms / max(1, batch_size * num_kv_heads))))
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+    table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
+    out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D]; page_table [rows, width] int32 token slots;
+    table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D] / ``mid_lse`` [B', Hq, S'] fp32 scratch may be
+    passed in (fixed buffers for CUDA graphs)."""
+    batch, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_qo_heads // num_kv_heads
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = max(16, triton.next_power_of_2(group))
+    block_n = 16 if _interpreting() else 64
+    direct = num_splits == 1
+    if not direct:
+        if mid_o is None:
+            mid_o = torch.empty(batch, num_qo_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+            mid_lse = torch.empty(batch, num_qo_heads, num_splits, dtype=torch.float32, device=q.device)
+        assert mid_lse is not None
+        mo, ml = mid_o, mid_lse
+    else:
+        mo = ml = out.new_empty(0, dtype=torch.float32)
+    mo_strides = (mo.stride(0), mo.stride(1), mo.stride(2)) if not direct else (0, 0, 0)
+    ml_strides = (ml.stride(0), ml.stride(1)) if not direct else (0, 0)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
+        sm_scale, num_splits,
+        GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
+        DOT_PRECISION=_dot_precision(q.dtype),
+    )
+    if not direct:
+        _decode_combine_kernel[(batch, num_qo_heads)](
+            mo, ml, out, *mo_strides, *ml_strides, out.stride(0), out.stride(1), num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=head_dim,
+        )
+    return out
+
+
+def prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+    table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_seqlen_q: int,
+    sm_scale: float, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [T, Hq, D] (ragged, ``cu_seqlens_q`` [B+1]); K/V of this step must already be in the cache; seq_lens
+    [B] = cached prefix + extend length."""
+    total, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    batch = table_idx.shape[0]
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0 or total == 0:
+        return out
+    block_m, block_n = (16, 16) if _interpreting() else (64, 64)
+    grid = (batch, num_qo_heads, triton.cdiv(max_seqlen_q, block_m))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0), out.stride(0), out.stride(1),
+        sm_scale,
+        GROUP=num_qo_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
+    )
+    return out

@@ -1,0 +1,141 @@
+"""Fused MoE: one grouped GEMM launch covers every expert.
+
+The (token, k) pairs are sorted by expert and each expert's run is padded to a multiple of BLOCK_M
+(``moe_align_block_size``), so every BLOCK_M row block of the sorted list belongs to a single expert: a program
+loads that expert's weight tile and the block's token rows (gathered through the sorted ids) and writes its
+result rows straight back to their (token, k) places. Padding ids equal ``num_tokens * top_k`` and are masked.
+
+The alignment is plain torch with no host synchronisation and fixed-size outputs (the worst case
+``numel + E * (BLOCK_M - 1)``), so the whole MoE forward can sit inside a CUDA graph; the kernel reads the real
+padded length from a device scalar and idle programs exit at once.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fused_moe_kernel(
+    A, B, C, TopkWeights, SortedTokenIds, ExpertIds, NumTokensPostPadded,
+    N, K, num_valid_tokens, num_sorted,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    MUL_ROUTED_WEIGHT: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # grouped launch order: GROUP_M row blocks share each column sweep, so weight tiles stay in L2
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(num_sorted, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * num_pid_n
+    first_m = (pid // group_size) * GROUP_M
+    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % rows_in_group
+    pid_n = (pid % group_size) // rows_in_group
+
+    if pid_m * BLOCK_M >= tl.load(NumTokensPostPadded):
+        return
+    offs_sorted = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_token = tl.load(SortedTokenIds + offs_sorted)
+    token_mask = offs_token < num_valid_tokens
+    expert = tl.load(ExpertIds + pid_m).to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_rows = (offs_token // TOP_K).to(tl.int64)
+    a_ptrs = A + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = B + expert * stride_be + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=token_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc += tl.dot(a, b, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if MUL_ROUTED_WEIGHT:
+        w = tl.load(TopkWeights + offs_token, mask=token_mask, other=0.0)
+        acc = acc * w[:, None]
+    c_ptrs = C + offs_token.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=token_mask[:, None] & n_mask[None, :])
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_size: int,
+                         num_experts: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the flattened (token, k) ids by expert, padding each expert's run to a multiple of ``block_size``.
+
+    Returns ``sorted_ids`` [numel + E*(block-1)] (padding = numel), ``expert_ids`` [len(sorted_ids)/block] (the
+    expert of each row block) and ``num_tokens_post_pad`` [1] (the used length), all on the input's device.
+    """
+    flat = topk_ids.flatten().long()
+    numel = flat.numel()
+    device = flat.device
+    max_padded = numel + num_experts * (block_size - 1)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_size - 1) // block_size * block_size
+    padded_end = padded.cumsum(0)
+    order = torch.sort(flat, stable=True).indices  # (token, k) positions grouped by expert, in token order
+    expert_of = flat[order]
+    rank_in_expert = torch.arange(numel, device=device) - (counts.cumsum(0) - counts)[expert_of]
+    dest = (padded_end - padded)[expert_of] + rank_in_expert
+    sorted_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(triton.cdiv(max_padded, block_size), device=device) * block_size
+    expert_ids = torch.searchsorted(padded_end, block_starts, right=True).clamp_(max=num_experts - 1)
+    return sorted_ids, expert_ids.to(torch.int32), padded_end[-1:].to(torch.int32)
+
+
+def get_default_config(num_tokens: int, num_experts: int) -> Dict[str, int]:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1)
+    if num_tokens <= num_experts:  # decode: few rows per expert
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1)
+    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8)
+
+
+def invoke_fused_moe_kernel(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, topk_weights: torch.Tensor,
+                            sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post_pad: torch.Tensor,
+                            mul_routed_weight: bool, top_k: int, config: Dict[str, Any]) -> None:
+    """c[(token, k)] = a[token // top_k] @ b[expert].T (times the routing weight); a [rows, K], b [E, N, K],
+    c viewed as [num_tokens * top_k, N]."""
+    num_pairs, n = c.shape
+    grid = (triton.cdiv(sorted_ids.shape[0], config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
+    fused_moe_kernel[grid](
+        a, b, c, topk_weights, sorted_ids, expert_ids, num_post_pad,
+        n, b.shape[2], num_pairs, sorted_ids.shape[0],
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
+        MUL_ROUTED_WEIGHT=mul_routed_weight, TOP_K=top_k,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else None, **config,
+    )
+
+
+def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """hidden [M, H]; w1 [E, 2I, H] (gate rows then up rows); w2 [E, H, I]; topk [M, k] -> [M, H].
+    Unlike upstream the result is a new tensor (upstream overwrites ``hidden_states``)."""
+    num_tokens, hidden = hidden_states.shape
+    num_experts, two_i, _ = w1.shape
+    top_k = topk_ids.shape[1]
+    config = get_default_config(num_tokens, num_experts)
+    sorted_ids, expert_ids, num_post_pad = moe_align_block_size(topk_ids, config["BLOCK_M"], num_experts)
+    weights = topk_weights.to(torch.float32).contiguous().view(-1)
+    gate_up = hidden_states.new_empty(num_tokens * top_k, two_i)
+    invoke_fused_moe_kernel(hidden_states, w1, gate_up, weights, sorted_ids, expert_ids, num_post_pad,
+                            False, top_k, config)
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation == "silu":
+        act = torch.nn.functional.silu(gate) * up
+    elif activation == "gelu":
+        act = torch.nn.functional.gelu(gate) * up
+    else:
+        raise ValueError(f"unsupported MoE activation {activation!r}")
+    down = hidden_states.new_empty(num_tokens * top_k, hidden)
+    invoke_fused_moe_kernel(act, w2, down, weights, sorted_ids, expert_ids, num_post_pad, True, 1, config)
+    return down.view(num_tokens, top_k, hidden).sum(dim=1)

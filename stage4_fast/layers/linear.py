@@ -1,0 +1,78 @@
+"""Linear layers in their tensor-parallel splits (weight layout [local_out, local_in]).
+
+Column-parallel kinds (merged gate/up, fused QKV) split the outputs and need no communication; the row-parallel
+kinds (o_proj, down_proj) split the inputs, so each rank holds a partial sum that is all-reduced.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+from ..distributed import DistributedCommunicator, get_tp_info
+from ..utils import div_even
+from .base import BaseOP
+
+
+class _LinearTPImpl(BaseOP):
+    def __init__(self, full_isize: int, full_osize: int, local_isize: int, local_osize: int, has_bias: bool):
+        self.full_input_size = full_isize
+        self.full_output_size = full_osize
+        self.local_input_size = local_isize
+        self.local_output_size = local_osize
+        self.weight = torch.empty(local_osize, local_isize)
+        self.bias = torch.empty(local_osize) if has_bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class LinearReplicated(_LinearTPImpl):
+    """Full weight on every rank (e.g. the MoE router)."""
+
+    def __init__(self, input_size: int, output_size: int, has_bias: bool):
+        super().__init__(input_size, output_size, input_size, output_size, has_bias)
+
+
+class LinearColParallelMerged(_LinearTPImpl):
+    """Several column-parallel outputs fused into one GEMM (gate+up); local rows are [gate_shard; up_shard]."""
+
+    def __init__(self, input_size: int, output_sizes: List[int], has_bias: bool):
+        tp = get_tp_info().size
+        local_osize = sum(div_even(size, tp) for size in output_sizes)
+        super().__init__(input_size, sum(output_sizes), input_size, local_osize, has_bias)
+
+
+class LinearQKVMerged(_LinearTPImpl):
+    """Fused q/k/v projection, rows [q; k; v]. KV heads are replicated when there are fewer of them than ranks."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_qo_heads: int, num_kv_heads: int, has_bias: bool):
+        tp = get_tp_info().size
+        qo_local = div_even(num_qo_heads, tp)
+        kv_local = div_even(num_kv_heads, tp, allow_replicate=True)
+        full_osize = (num_qo_heads + 2 * num_kv_heads) * head_dim
+        local_osize = (qo_local + 2 * kv_local) * head_dim
+        super().__init__(hidden_size, full_osize, hidden_size, local_osize, has_bias)
+
+
+class LinearRowParallel(_LinearTPImpl):
+    """Input split across ranks; the partial sums are all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, has_bias: bool):
+        tp = get_tp_info().size
+        super().__init__(input_size, output_size, div_even(input_size, tp), output_size, has_bias)
+        self._tp_size = tp
+        self._comm = DistributedCommunicator()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._tp_size == 1:
+            return F.linear(x, self.weight, self.bias)
+        # the bias must be added once, after the sum
+        y = self._comm.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class LinearOProj(LinearRowParallel):
+    """The attention output projection: row-parallel, like down_proj."""

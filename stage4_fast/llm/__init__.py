@@ -1,0 +1,3 @@
+from .llm import LLM, RequestAllFinished, RequestStatus
+
+__all__ = ["LLM", "RequestAllFinished", "RequestStatus"]

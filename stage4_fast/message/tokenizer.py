@@ -1,0 +1,72 @@
+"""Messages from the scheduler (towards the detokenizer, or the offline LLM), and from the API server to the
+tokenizer worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+from ..core import SamplingParams
+from .utils import deserialize_type, serialize_type
+
+
+@dataclass
+class BaseTokenizerMsg:
+    def encoder(self) -> Dict[str, Any]:
+        return serialize_type(self)
+
+    @staticmethod
+    def decoder(data: Dict[str, Any]) -> BaseTokenizerMsg:
+        return deserialize_type(_CLS_MAP, data)
+
+
+@dataclass
+class BatchTokenizerMsg(BaseTokenizerMsg):
+    data: List[BaseTokenizerMsg]
+
+
+@dataclass
+class DetokenizeMsg(BaseTokenizerMsg):
+    uid: int
+    next_token: int
+    finished: bool
+    # Not upstream: a request the scheduler rejects (prompt too long, can never fit) or aborts gets one final
+    # message with the reason here and next_token == -1, instead of no reply at all (upstream bug 6).
+    error: str | None = None
+    # Stage 3: why a request ended and what its prompt cost, for the API's finish_reason and usage
+    finish_reason: str = ""  # on the last message: "stop" (EOS / a stop token), "length", "abort" or "error"
+    prompt_tokens: int = 0  # on the first token's message: the prompt's length ...
+    cached_tokens: int = 0  # ... and how much of it the prefix cache served
+
+
+@dataclass
+class TokenizeMsg(BaseTokenizerMsg):
+    uid: int
+    # raw prompt, chat messages ([{"role", "content"}], rendered with the model's chat template) or token ids
+    text: str | List[Dict[str, str]] | List[int]
+    sampling_params: SamplingParams
+
+
+@dataclass
+class AbortMsg(BaseTokenizerMsg):
+    uid: int
+
+
+@dataclass
+class StatsQueryMsg(BaseTokenizerMsg):
+    """The API asks for the scheduler's pool / cache / queue figures (not upstream: /v1/stats and tests read them).
+    It travels the requests' own path, so it also proves every worker is alive."""
+
+    uid: int
+
+
+@dataclass
+class StatsMsg(BaseTokenizerMsg):
+    """The scheduler's answer to a ``StatsQueryMsg`` (scheduler -> detokenizer -> API)."""
+
+    uid: int
+    stats: Dict[str, Any] = field(default_factory=dict)
+
+
+_CLS_MAP = {c.__name__: c for c in (BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg, AbortMsg, StatsQueryMsg,
+                                    StatsMsg, SamplingParams)}

@@ -1,0 +1,131 @@
+"""How a scheduler rank talks to the other processes.
+
+Rank 0 pulls requests from the tokenizer worker(s) and pushes sampled tokens to the detokenizer. With tensor
+parallelism every rank must see the same messages at the same step, so rank 0 republishes, once per step, the raw
+bytes of what it received as one bundle (possibly empty) on a PUB socket; the other ranks read exactly one bundle
+per step. The bundle replaces upstream's per-step gloo broadcast of the message count: one ZMQ message carries both
+the count and the payload, and nothing else has to agree. The PUB side waits until every rank has subscribed
+(see ``ZmqPubQueue``) — upstream could lose the first messages there and hang the other ranks.
+
+Offline (``LLM``), the subclass supplies ``offline_receive_msg`` / ``offline_send_result`` instead. With tensor
+parallelism the offline LLM is rank 0: it publishes the same per-step bundle of what it feeds itself, and the other
+ranks (processes it started, see ``llm/tp.py``) cannot tell it from the server's rank 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List
+
+import msgpack
+
+from ..message import BaseBackendMsg, BaseTokenizerMsg, BatchTokenizerMsg, ExitMsg
+from ..utils.mp import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue
+
+if TYPE_CHECKING:
+    from .config import SchedulerConfig
+
+# how long rank 0 waits for the other ranks to subscribe (they start at the same time, but load a model first)
+SUBSCRIBE_TIMEOUT_S = 600.0
+
+
+class SchedulerIOMixin:
+    def __init__(self, config: SchedulerConfig, tp_cpu_group: object | None = None) -> None:
+        self._io_queues: list = []
+        self.tp_cpu_group = tp_cpu_group
+        self._offline_tp = config.offline_mode and config.tp_info.size > 1
+        if config.offline_mode:
+            self.receive_msg = self.offline_receive_msg
+            self.send_result = self.offline_send_result
+            if config.tp_info.size > 1:  # stage 4: the offline LLM is rank 0 and broadcasts what it feeds itself
+                self._send_to_ranks = ZmqPubQueue(config.zmq_scheduler_broadcast_addr, True, BaseBackendMsg.encoder)
+                self._io_queues.append(self._send_to_ranks)
+                self._send_to_ranks.wait_for_subscribers(config.tp_info.size - 1, SUBSCRIBE_TIMEOUT_S)
+                self.receive_msg = self._receive_msg_offline_rank0
+            return
+        tp_info = config.tp_info
+        if tp_info.is_primary():
+            self._recv_from_tokenizer: ZmqPullQueue[BaseBackendMsg] = ZmqPullQueue(
+                config.zmq_backend_addr, True, BaseBackendMsg.decoder
+            )
+            self._send_to_detokenizer: ZmqPushQueue[BaseTokenizerMsg] = ZmqPushQueue(
+                config.zmq_detokenizer_addr, config.backend_create_detokenizer_link, BaseTokenizerMsg.encoder
+            )
+            self._io_queues += [self._recv_from_tokenizer, self._send_to_detokenizer]
+            self._send_to_ranks: ZmqPubQueue | None = None
+            if tp_info.size > 1:
+                self._send_to_ranks = ZmqPubQueue(config.zmq_scheduler_broadcast_addr, True, BaseBackendMsg.encoder)
+                self._io_queues.append(self._send_to_ranks)
+                self._send_to_ranks.wait_for_subscribers(tp_info.size - 1, SUBSCRIBE_TIMEOUT_S)
+            self.receive_msg = self._receive_msg_rank0
+            self.send_result = self._send_result_rank0
+        else:
+            self._recv_from_rank0: ZmqSubQueue[BaseBackendMsg] = ZmqSubQueue(
+                config.zmq_scheduler_broadcast_addr, False, BaseBackendMsg.decoder
+            )
+            self._io_queues.append(self._recv_from_rank0)
+            self.receive_msg = self._receive_msg_other_rank
+            self.send_result = self._send_result_other_rank
+
+    # supplied by the scheduler / the offline LLM
+    def run_when_idle(self) -> None:
+        raise NotImplementedError
+
+    def offline_receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
+        raise NotImplementedError
+
+    def offline_send_result(self, reply: List[BaseTokenizerMsg]) -> None:
+        raise NotImplementedError
+
+    def _receive_msg_rank0(self, blocking: bool = False) -> List[BaseBackendMsg]:
+        queue = self._recv_from_tokenizer
+        raws: list[bytes] = []
+        if blocking:
+            self.run_when_idle()
+            raws.append(queue.get_raw())
+        while not queue.empty():
+            raws.append(queue.get_raw())
+        if self._send_to_ranks is not None:
+            self._send_to_ranks.put_raw(msgpack.packb(raws, use_bin_type=True))
+        return [queue.decode(raw) for raw in raws]
+
+    def _receive_msg_offline_rank0(self, blocking: bool = False) -> List[BaseBackendMsg]:
+        # When the LLM has nothing left it raises here before publishing: the other ranks then wait, idle too,
+        # for the bundle of its next call.
+        msgs = self.offline_receive_msg(blocking)
+        self._broadcast(msgs)
+        return msgs
+
+    def _broadcast(self, msgs: List[BaseBackendMsg]) -> None:
+        assert self._send_to_ranks is not None
+        raws = [msgpack.packb(BaseBackendMsg.encoder(m), use_bin_type=True) for m in msgs]
+        self._send_to_ranks.put_raw(msgpack.packb(raws, use_bin_type=True))
+
+    def stop_followers(self) -> None:
+        """Offline rank 0: tell the other ranks, idle and waiting for a bundle, to leave their loops."""
+        if self._offline_tp:
+            self._broadcast([ExitMsg()])
+
+    def _receive_msg_other_rank(self, blocking: bool = False) -> List[BaseBackendMsg]:
+        if blocking:
+            self.run_when_idle()
+        # exactly one bundle per step, even when idle elsewhere: rank 0 publishes one every step
+        raws = msgpack.unpackb(self._recv_from_rank0.get_raw(), raw=False)
+        return [self._recv_from_rank0.decode(raw) for raw in raws]
+
+    def _send_result_rank0(self, reply: List[BaseTokenizerMsg]) -> None:
+        if reply:
+            self._send_to_detokenizer.put(reply[0] if len(reply) == 1 else BatchTokenizerMsg(list(reply)))
+
+    def _send_result_other_rank(self, reply: List[BaseTokenizerMsg]) -> None:
+        pass  # only rank 0 talks to the detokenizer
+
+    def sync_all_ranks(self) -> None:
+        if self.tp_cpu_group is not None:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.tp_cpu_group)
+
+    def stop_io(self) -> None:
+        for queue in self._io_queues:
+            queue.stop()
+        self._io_queues = []

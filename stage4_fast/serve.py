@@ -1,0 +1,50 @@
+"""`python -m stage4_fast.serve [flags]`: the server with every stage-4 default on — the main way to run this stage.
+
+It takes `python -m stage4_fast`'s flags (upstream's CLI) and leaves every choice on "auto", which resolves per
+device:
+
+* GPU: FlashInfer decode (+ FlashAttention 4 prefill on sm90+ when installed, else Triton) for bf16/fp16 models,
+  Triton for fp32 ones; CUDA graphs for decode batches up to 256 (160 on a GPU under 80 GiB); the fused Triton MoE;
+  the JIT-built CUDA kernels for the KV store and the embedding lookup; overlap scheduling; `--tp N` over NCCL.
+* CPU: the torch reference attention and MoE, the CUDA-graph emulation (decode batches up to 16), overlap
+  scheduling, `--tp N` over gloo.
+
+Before starting it prints what "auto" resolved to on this machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List
+
+import torch
+
+from .attention import resolve_auto_backend
+from .engine.graph import default_graph_bs_list
+from .moe import resolve_auto_moe_backend
+from .server import ServerArgs, launch_server, parse_args
+
+
+def describe(config: ServerArgs) -> str:
+    device = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    attn = config.attention_backend
+    attn = resolve_auto_backend(device, config.dtype) if attn == "auto" else attn
+    moe = resolve_auto_moe_backend(device) if config.moe_backend == "auto" else config.moe_backend
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+    sizes = default_graph_bs_list(device, free, config.cuda_graph_bs, config.cuda_graph_max_bs)
+    kind = "CUDA" if device.type == "cuda" else "emulated"
+    graphs = f"{kind} graphs up to batch {max(sizes)}" if sizes else "no graphs"
+    return (f"stage4_fast.serve: {config.model_path} ({str(config.dtype).removeprefix('torch.')}) on {device.type}, "
+            f"tp {config.tp_info.size}, attention {attn}, MoE {moe} (MoE models only), {graphs}, "
+            f"page size {config.page_size}, http://{config.server_host}:{config.server_port}")
+
+
+def main(argv: List[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    config, _ = parse_args(argv)
+    print(describe(config), flush=True)
+    launch_server(argv=argv)
+
+
+if __name__ == "__main__":
+    main()

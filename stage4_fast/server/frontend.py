@@ -1,0 +1,170 @@
+"""The API server's end of the pipes: send requests to the tokenizer worker(s), route replies back by uid."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, AsyncIterator, Dict, List
+
+from ..message import (
+    AbortMsg,
+    BaseFrontendMsg,
+    BaseTokenizerMsg,
+    BatchFrontendMsg,
+    StatsQueryMsg,
+    StatsReply,
+    TokenizeMsg,
+    UserReply,
+)
+from ..utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+from .args import ServerArgs
+from .metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class RequestRejected(Exception):
+    """The tokenizer or the scheduler refused the request (bad prompt, too long, can never fit)."""
+
+
+class BackendUnavailable(Exception):
+    """A worker died; the server is going down."""
+
+
+class QueueFull(Exception):
+    """More requests are waiting than --max-queued-requests allows; the client should retry later (503)."""
+
+
+class FrontendManager:
+    """Must be created inside the event loop that uses it (zmq.asyncio sockets belong to a loop)."""
+
+    def __init__(self, config: ServerArgs, metrics: ServerMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        # requests admitted at once: the running ones plus a bounded queue (not upstream, whose queue had no end)
+        self.max_requests = config.max_running_req + config.max_queued_requests
+        self.num_requests = 0
+        self.submit_time: Dict[int, float] = {}
+        self.send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]] = [
+            ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs
+        ]
+        self.recv_tokenizer: ZmqAsyncPullQueue[BaseFrontendMsg] = ZmqAsyncPullQueue(
+            config.zmq_frontend_addr, True, BaseFrontendMsg.decoder
+        )
+        self.uid_counter = itertools.count()
+        # uid -> its replies; None in a queue means "the backend is gone"
+        self.ack_map: Dict[int, asyncio.Queue[UserReply | StatsReply | None]] = {}
+        self.dead_reason: str | None = None
+        self._listen_task = asyncio.get_running_loop().create_task(self.listen())
+
+    async def listen(self) -> None:
+        while True:
+            try:
+                msg = await self.recv_tokenizer.get()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one undecodable message must not stop every later reply
+                logger.exception("frontend: dropping a message it cannot decode")
+                continue
+            for reply in msg.data if isinstance(msg, BatchFrontendMsg) else [msg]:
+                queue = self.ack_map.get(reply.uid)
+                if queue is not None:  # replies of aborted requests find no queue and are dropped
+                    queue.put_nowait(reply)
+
+    def _send(self, uid: int, msg: BaseTokenizerMsg) -> None:
+        # a request and its abort take the same worker, so they stay in order (upstream could reorder them)
+        self.send_tokenizer[uid % len(self.send_tokenizer)].put_nowait(msg)
+
+    def _new_uid(self) -> int:
+        if self.dead_reason is not None:
+            raise BackendUnavailable(self.dead_reason)
+        uid = next(self.uid_counter)
+        self.ack_map[uid] = asyncio.Queue()
+        return uid
+
+    def submit(self, prompt: Any, sampling_params: Any) -> int:
+        if self.dead_reason is None and self.num_requests >= self.max_requests:
+            if self.metrics is not None:
+                self.metrics.rejected.inc()
+            raise QueueFull(f"{self.num_requests} requests are in flight, the limit is {self.max_requests}")
+        uid = self._new_uid()
+        self.num_requests += 1
+        self.submit_time[uid] = time.perf_counter()
+        try:
+            self._send(uid, TokenizeMsg(uid, prompt, sampling_params))
+        except BaseException:  # e.g. a value the encoder cannot carry: the request never left, forget it
+            self.ack_map.pop(uid, None)
+            self._release(uid)
+            raise
+        return uid
+
+    async def replies(self, uid: int) -> AsyncIterator[UserReply]:
+        """The request's replies up to the finished one. However the consumer stops (done, stop string, client
+        gone, cancelled), the entry is removed; a request that did not finish is aborted in the backend.
+        (Upstream removed entries only when its own loop ended, which its callers never let happen.)"""
+        queue = self.ack_map[uid]
+        finished = False
+        last = self.submit_time.get(uid)
+        first = True
+        try:
+            while True:
+                reply = await queue.get()
+                if self.metrics is not None and reply is not None and last is not None:
+                    now = time.perf_counter()
+                    (self.metrics.ttft if first else self.metrics.itl).observe(now - last)
+                    first, last = False, now
+                if reply is None:
+                    finished = True  # nothing left to abort
+                    raise BackendUnavailable(self.dead_reason or "the server is shutting down")
+                assert isinstance(reply, UserReply)
+                finished = reply.finished
+                if finished and self.metrics is not None and not reply.error:
+                    self.metrics.prompt_tokens.inc(reply.prompt_tokens)
+                    self.metrics.generation_tokens.inc(reply.completion_tokens)
+                yield reply
+                if finished:
+                    return
+        finally:
+            self.ack_map.pop(uid, None)
+            self._release(uid)
+            if not finished:
+                self.abort_user(uid)
+
+    def _release(self, uid: int) -> None:
+        if self.submit_time.pop(uid, None) is not None:
+            self.num_requests -= 1
+
+    def abort_user(self, uid: int) -> None:
+        """Synchronous on purpose: it runs in ``finally`` blocks of cancelled tasks, where awaiting is unsafe."""
+        self.ack_map.pop(uid, None)
+        self._release(uid)
+        if self.dead_reason is None:
+            self._send(uid, AbortMsg(uid))
+
+    async def query_stats(self, timeout_s: float = 10.0) -> Dict[str, Any]:
+        uid = self._new_uid()
+        try:
+            self._send(uid, StatsQueryMsg(uid))
+            reply = await asyncio.wait_for(self.ack_map[uid].get(), timeout_s)
+        finally:
+            self.ack_map.pop(uid, None)
+        if not isinstance(reply, StatsReply):
+            raise BackendUnavailable(self.dead_reason or "no stats from the scheduler")
+        return reply.stats
+
+    def fail_all(self, reason: str) -> None:
+        """Called when a worker died: every waiting request ends with an error, new ones are refused."""
+        self.dead_reason = reason
+        for queue in self.ack_map.values():
+            queue.put_nowait(None)
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.ack_map)
+
+    def shutdown(self) -> None:
+        self._listen_task.cancel()
+        for queue in [*self.send_tokenizer, self.recv_tokenizer]:
+            queue.stop()

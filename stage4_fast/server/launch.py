@@ -1,0 +1,253 @@
+"""Start the worker processes, wait until each is ready, serve, and take everything down on the way out.
+
+Processes: this one (API server or shell) -> tokenizer worker(s) -> scheduler rank 0 (-> ranks 1..tp-1) ->
+detokenizer -> this one. With ``--num-tokenizer 0`` (default) one worker both tokenizes and detokenizes.
+
+Lifecycle rules (upstream had none of them):
+* ready means every worker acknowledged (the HTTP port opens only then);
+* Ctrl-C / SIGTERM stop all workers: they ignore SIGINT (a terminal sends it to the whole process group; the
+  parent alone decides), get SIGTERM, and are killed if they linger; workers also die with a SIGKILLed parent;
+* a worker that dies brings the server down with a message naming it, instead of leaving clients hanging.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import queue
+import signal
+import sys
+import threading
+from dataclasses import replace
+from typing import Any, Callable, List
+
+from ..distributed import DistributedInfo
+from .args import ServerArgs, parse_args
+
+logger = logging.getLogger("stage4_fast")
+
+STOP_TIMEOUT_S = 10.0
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # unwinds through finally blocks, which close the sockets
+
+
+def _worker_setup(parent_pid: int, silent: bool) -> None:
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    logging.basicConfig(level=logging.WARNING if silent else logging.INFO,
+                        format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")
+
+
+def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
+    _worker_setup(parent_pid, config.silent_output)
+    import torch
+
+    from ..scheduler import Scheduler
+
+    with torch.inference_mode():
+        scheduler = Scheduler(config)
+        try:
+            scheduler.sync_all_ranks()
+            if config.tp_info.is_primary():
+                ack_queue.put({"name": "scheduler", **scheduler.backend_info()})
+            scheduler.run_forever()
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            scheduler.shutdown()
+
+
+def _run_tokenizer(kwargs: dict, ack_queue: Any, parent_pid: int, silent: bool) -> None:
+    _worker_setup(parent_pid, silent)
+    import torch
+
+    torch.set_num_threads(1)  # leave the cores to the scheduler
+    from ..tokenizer import tokenize_worker
+
+    try:
+        tokenize_worker(ack_queue=ack_queue, **kwargs)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+
+
+class WorkerSet:
+    def __init__(self, config: ServerArgs) -> None:
+        self.config = config
+        self.ctx = mp.get_context("spawn")
+        self.ack_queue = self.ctx.Queue()
+        self.procs: List[mp.process.BaseProcess] = []
+        self.stopping = False
+
+    def start(self) -> None:
+        c, pid = self.config, os.getpid()
+        tp = c.tp_info.size
+        targets: list[tuple[str, Callable, tuple]] = []
+        for rank in range(tp):
+            rank_config = replace(c, tp_info=DistributedInfo(rank, tp))
+            targets.append((f"minisgl-TP{rank}-scheduler", _run_scheduler, (rank_config, self.ack_queue, pid)))
+        common = dict(tokenizer_path=c.model_path, backend_addr=c.zmq_backend_addr,
+                      frontend_addr=c.zmq_frontend_addr)
+        detok = dict(common, addr=c.zmq_detokenizer_addr, create=c.share_tokenizer, local_bs=64,
+                     tokenizer_id=c.num_tokenizer)
+        targets.append(("minisgl-detokenizer-0", _run_tokenizer, (detok, self.ack_queue, pid, c.silent_output)))
+        for i, addr in enumerate([] if c.share_tokenizer else c.zmq_tokenizer_addrs):
+            tok = dict(common, addr=addr, create=True, local_bs=64, tokenizer_id=i)
+            targets.append((f"minisgl-tokenizer-{i}", _run_tokenizer, (tok, self.ack_queue, pid, c.silent_output)))
+        # children inherit an ignored SIGINT through exec (spawn), so Ctrl-C never interrupts them half-way
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for name, target, args in targets:
+                proc = self.ctx.Process(target=target, args=args, name=name, daemon=False)
+                proc.start()
+                self.procs.append(proc)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _death_message(self, proc: mp.process.BaseProcess) -> str:
+        code = proc.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        return f"worker {proc.name} (pid {proc.pid}) {how}; shutting the server down"
+
+    def wait_ready(self) -> dict:
+        """Block until every worker acknowledged; returns what the scheduler reported."""
+        expected = 1 + (1 if self.config.share_tokenizer else 1 + self.config.num_tokenizer)
+        info: dict = {}
+        while expected:
+            try:
+                ack = self.ack_queue.get(timeout=0.2)
+            except queue.Empty:
+                ack = None
+            if ack is None:
+                for proc in self.procs:
+                    if not proc.is_alive():
+                        raise WorkerDied(self._death_message(proc).replace("; shutting", " during start-up; shutting"))
+                continue
+            expected -= 1
+            if ack.get("name") == "scheduler":
+                info = ack
+        return info
+
+    def watch(self, on_death: Callable[[str], None]) -> None:
+        """Call ``on_death(message)`` (from a thread) when a worker exits while we are not stopping."""
+
+        def run() -> None:
+            sentinels = {p.sentinel: p for p in self.procs}
+            ready = mp.connection.wait(list(sentinels))
+            if not self.stopping:
+                proc = sentinels[ready[0]]
+                proc.join(1.0)
+                message = self._death_message(proc)
+                logger.error(message)
+                on_death(message)
+
+        threading.Thread(target=run, name="worker-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()  # SIGTERM
+        for proc in self.procs:
+            proc.join(STOP_TIMEOUT_S)
+            if proc.is_alive():
+                logger.warning("worker %s did not stop within %.0f s; killing it", proc.name, STOP_TIMEOUT_S)
+                proc.kill()
+                proc.join()
+        for path in self.config.ipc_paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.ack_queue.close()
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def launch_server(run_shell: bool = False, argv: List[str] | None = None) -> None:
+    config, shell = parse_args(sys.argv[1:] if argv is None else argv, run_shell)
+    logging.basicConfig(level=logging.WARNING if config.silent_output else logging.INFO,
+                        format="[%(asctime)s] %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C
+    workers = WorkerSet(config)
+    exit_code = 0
+    try:
+        workers.start()
+        info = workers.wait_ready()
+        if shell:
+            from .shell import run_shell as run
+
+            exit_code = run(config, info, workers)
+        else:
+            exit_code = run_api_server(config, info, workers)
+    except KeyboardInterrupt:
+        pass
+    except WorkerDied as e:
+        logger.error("%s", e)
+        exit_code = 1
+    finally:
+        # a second Ctrl-C must not cut the cleanup short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        workers.stop()
+    sys.exit(exit_code)
+
+
+def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
+    import uvicorn
+
+    from .api_server import BackendInfo, create_app
+
+    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"],
+                          page_size=info["page_size"])
+    app = create_app(config, backend)
+
+    def end_requests(reason: str) -> None:
+        """From any thread: every in-flight request ends with an error event, new ones get 503."""
+        loop = getattr(app.state, "loop", None)
+        frontend = getattr(app.state, "frontend", None)
+        if loop is not None and frontend is not None:
+            loop.call_soon_threadsafe(frontend.fail_all, reason)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # uvicorn would re-raise the signal after its shutdown, inside the event loop, which cuts the app's
+            # own shutdown short; we stop the same way without the replay (a second Ctrl-C still forces it)
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+            end_requests("the server is shutting down")
+
+    server = Server(uvicorn.Config(app, host=config.server_host, port=config.server_port,
+                                   log_level="warning" if config.silent_output else "info",
+                                   timeout_graceful_shutdown=5))
+    died: list[str] = []
+
+    def on_death(message: str) -> None:
+        died.append(message)
+        end_requests(message)
+        server.should_exit = True
+
+    workers.watch(on_death)
+    logger.info("all workers ready; serving %s on http://%s:%d", config.served_model_name, config.server_host,
+                config.server_port)
+    server.run()
+    return 1 if died else 0  # the watchdog has logged which worker died

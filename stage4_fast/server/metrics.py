@@ -1,0 +1,63 @@
+"""Prometheus figures of one API server (GET /metrics, text format).
+
+Counters and histograms are updated as requests pass; the gauges (queue, running requests, KV pages) are read from
+the scheduler's stats at scrape time, so they are never stale. Each app has its own registry: several servers in
+one process (tests) do not collide.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the route)
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# latencies of a CPU test model and of a GPU serving a real one both land inside these buckets
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+# routes counted under their own name; anything else (a fuzzer's random paths) is "other", bounding the label set
+KNOWN_ENDPOINTS = frozenset({"/health", "/v1", "/v1/models", "/v1/stats", "/v1/completions", "/v1/chat/completions",
+                             "/generate", "/metrics"})
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("minisgl_http_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("minisgl_prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("minisgl_generation_tokens", "tokens generated", registry=r)
+        self.ttft = Histogram("minisgl_time_to_first_token_seconds", "submit to first reply",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("minisgl_inter_token_latency_seconds", "between two replies of a request",
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.rejected = Counter("minisgl_rejected_requests", "requests refused because the queue was full",
+                                registry=r)
+        self.queue = Gauge("minisgl_num_queued_requests", "requests waiting for prefill", registry=r)
+        self.running = Gauge("minisgl_num_running_requests", "requests decoding", registry=r)
+        self.inflight = Gauge("minisgl_num_inflight_requests", "requests the API server waits on", registry=r)
+        self.kv_total = Gauge("minisgl_kv_pages_total", "KV pool pages", registry=r)
+        self.kv_free = Gauge("minisgl_kv_pages_free", "KV pages free", registry=r)
+        self.kv_evictable = Gauge("minisgl_kv_pages_evictable", "KV pages held only by the prefix cache", registry=r)
+        self.kv_usage = Gauge("minisgl_kv_usage_ratio", "1 - (free + evictable) / total", registry=r)
+
+    def count_request(self, path: str, status: int) -> None:
+        self.requests.labels(path if path in KNOWN_ENDPOINTS else "other", str(status)).inc()
+
+    def render(self, stats: Dict[str, Any], inflight: int) -> bytes:
+        total = stats["num_pages"]
+        self.queue.set(stats["pending_reqs"])
+        self.running.set(stats["running_reqs"])
+        self.inflight.set(inflight)
+        self.kv_total.set(total)
+        self.kv_free.set(stats["free_pages"])
+        self.kv_evictable.set(stats["evictable_pages"])
+        self.kv_usage.set(1.0 - (stats["free_pages"] + stats["evictable_pages"]) / total if total else 0.0)
+        return generate_latest(self.registry)

@@ -1,0 +1,65 @@
+"""Teacher forcing: the engine is fed HF's greedy tokens, so its logits can be compared with HF's at every step even
+where 16-bit rounding would make free-running generations part ways."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, List, Tuple
+
+import torch
+
+
+def hf_reference(path: Path, num_prompts: int, steps: int, seed: int = 0) -> Tuple[list, list, torch.Tensor]:
+    """Prompts, HF bf16 greedy continuations, and HF's logits for every step (one full forward per sequence):
+    [num_prompts, steps, vocab] fp32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda").eval()
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(20, 300))] for _ in range(num_prompts)]
+    forced, logits = [], []
+    with torch.inference_mode():
+        for p in prompts:
+            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=steps, min_new_tokens=steps,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+            gen = out[0, len(p):].tolist()
+            full = model(out[:, :-1]).logits[0, len(p) - 1:].float()
+            forced.append(gen)
+            logits.append(full)
+    del model
+    torch.cuda.empty_cache()
+    return prompts, forced, torch.stack(logits)
+
+
+def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], **config: Any) -> torch.Tensor:
+    from stage4_fast.core import SamplingParams, set_global_ctx
+    from stage4_fast.engine import Engine, EngineConfig, ManualBatcher
+
+    steps = len(forced[0])
+    engine = Engine(EngineConfig(str(path), max_running_req=8, num_page_override=4096, **config))
+    batcher = ManualBatcher(engine)
+    reqs = [batcher.add_req(p, SamplingParams(max_tokens=steps)) for p in prompts]
+    out = torch.empty(len(prompts), steps, engine.config.model_config.vocab_size)
+    try:
+        phase = "prefill"
+        for step in range(steps):
+            set_global_ctx(engine.ctx)
+            batch = batcher.make_batch(reqs, phase)
+            with torch.inference_mode(), torch.cuda.stream(engine.stream), engine.ctx.forward_batch(batch):
+                if engine.graph_runner.can_use_cuda_graph(batch):
+                    logits = engine.graph_runner.replay(batch)
+                else:
+                    logits = engine.model.forward()
+                out[:, step] = logits[: batch.size].float().cpu()
+            rows = torch.tensor([r.table_idx for r in reqs])
+            cols = torch.tensor([r.device_len for r in reqs])
+            tokens = torch.tensor([f[step] for f in forced], dtype=torch.int32)
+            for req, token in zip(reqs, tokens):
+                req.complete_one()
+                req.append_host(token)
+            batcher.token_pool[rows.cuda(), cols.cuda()] = tokens.cuda()
+            phase = "decode"
+    finally:
+        engine.shutdown()
+    return out.cuda()

@@ -1,0 +1,100 @@
+"""The stage-4 engine through the scheduler (`LLM`): every attention backend and the fused MoE give HF's tokens,
+chunked prefill (cached prefixes) included; the CUDA-graph emulation enforces the fixed-buffer discipline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stage4_fast.core import Batch, Req, SamplingParams
+from stage4_fast.engine import graph as graph_module
+
+from .conftest import prepared_model
+from .fast_helpers import hf_generate, llm_generate
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return prepared_model("tiny-qwen3")
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("backend", ["fi", "fa", "fa,fi"])
+def test_library_backends_match_hf_through_fakes(qwen3, backend, page_size, fake_flashinfer, fake_flash_attn):
+    # an 8-token prefill budget splits the longer prompts: later chunks attend over a cached prefix
+    out = llm_generate(qwen3, attention_backend=backend, page_size=page_size, max_extend_tokens=8)
+    assert out == hf_generate(qwen3)
+    if "fi" in backend:  # decode ran through the CUDA-graph wrapper (emulated graphs are on by default)
+        assert any(kind == "decode" and args["cuda_graph"] for kind, args in fake_flashinfer.calls)
+    if "fa" in backend:
+        assert any(call["page_size"] == page_size for call in fake_flash_attn.calls)
+
+
+def test_triton_backend_matches_hf(qwen3):
+    pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+    # graphs for batch sizes 1, 2, 4 only: every capture runs a forward, which the interpreter makes slow
+    out = llm_generate(qwen3, attention_backend="triton", page_size=4, max_extend_tokens=8, cuda_graph_max_bs=4)
+    assert out == hf_generate(qwen3)
+
+
+def test_fused_moe_backend_matches_hf():
+    pytest.importorskip("triton", reason="the fused MoE kernel needs the triton package")
+    moe = prepared_model("tiny-qwen3-moe")
+    prompts = [[1, 2, 3, 4, 5], [9, 8]]
+    assert llm_generate(moe, prompts, 4, moe_backend="fused", cuda_graph_max_bs=2) == hf_generate(moe, prompts, 4)
+
+
+def test_graph_emulation_catches_an_input_not_copied_into_its_buffer(qwen3, monkeypatch):
+    expected = hf_generate(qwen3)
+
+    def copy_all_but_input_ids(self, batch):
+        bs = batch.padded_size
+        self.out_loc[:bs].copy_(batch.out_loc)
+        self.positions[:bs].copy_(batch.positions)
+
+    monkeypatch.setattr(graph_module.GraphCaptureBuffer, "copy_from", copy_all_but_input_ids)
+    assert llm_generate(qwen3) != expected
+    assert llm_generate(qwen3, cuda_graph_max_bs=0) == expected  # eager decode does not use the buffers
+
+
+def test_graph_emulation_catches_metadata_not_copied_into_its_buffer(qwen3, monkeypatch):
+    from stage4_fast.attention.torch_backend import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "prepare_for_replay", lambda self, batch: None)
+    assert llm_generate(qwen3) != hf_generate(qwen3)
+
+
+def test_decode_batches_are_padded_to_captured_sizes():
+    dummy = Req(torch.zeros(1, dtype=torch.int32), 8, 0, 1, -1, SamplingParams())
+    runner = graph_module.GraphRunner.__new__(graph_module.GraphRunner)  # no model needed for the policy
+    runner.graph_bs_list, runner.max_graph_bs, runner.dummy_req = [1, 2, 4, 8], 8, dummy
+    reqs = [object() for _ in range(5)]
+    batch = Batch(reqs, "decode")  # type: ignore[arg-type]
+    runner.pad_batch(batch)
+    assert batch.padded_reqs[:5] == reqs and batch.padded_reqs[5:] == [dummy] * 3
+    big = Batch([object() for _ in range(9)], "decode")  # type: ignore[arg-type]
+    runner.pad_batch(big)
+    assert big.padded_size == 9 and not runner.can_use_cuda_graph(big)
+    prefill = Batch(reqs, "prefill")  # type: ignore[arg-type]
+    runner.pad_batch(prefill)
+    assert prefill.padded_reqs == reqs
+
+
+def test_default_graph_sizes():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert graph_module.default_graph_bs_list(cpu, 0, None, None) == [1, 2, 4, 8, 16]
+    assert graph_module.default_graph_bs_list(cpu, 0, None, 0) == []
+    assert graph_module.default_graph_bs_list(cpu, 0, [8, 2, 2], None) == [2, 8]
+    sizes = graph_module.default_graph_bs_list(gpu, 100 << 30, None, None)
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 256 and len(sizes) == 35
+    assert graph_module.default_graph_bs_list(gpu, 40 << 30, None, None)[-1] == 160
+
+
+def test_serve_reports_the_cpu_defaults(qwen3):
+    from stage4_fast.serve import describe
+    from stage4_fast.server import parse_args
+
+    config, _ = parse_args(["--model", str(qwen3), "--tp", "2"])
+    text = describe(config)
+    for part in ("on cpu", "tp 2", "attention torch", "emulated graphs up to batch 16"):
+        assert part in text

@@ -1,0 +1,74 @@
+"""MoE: the fused Triton kernel (interpreter on CPU) against the torch reference, the block alignment, and the
+router against HF's Qwen3-MoE router."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the Triton kernels need the triton package (the [test] extra installs it)")
+
+from stage4_fast.kernel.ref import fused_experts_ref  # noqa: E402
+from stage4_fast.kernel.triton_moe import fused_experts, moe_align_block_size  # noqa: E402
+from stage4_fast.moe import create_moe_backend, fused_topk  # noqa: E402
+
+
+def _problem(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_k: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=gen)
+    w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    logits = torch.randn(tokens, experts, generator=gen)
+    return x, w1, w2, logits
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,hidden,inter,top_k",
+    [(1, 8, 64, 64, 2), (7, 8, 64, 32, 2), (33, 4, 48, 40, 3), (20, 16, 32, 24, 1), (3, 64, 32, 16, 4)],
+)
+def test_fused_experts_match_reference(tokens, experts, hidden, inter, top_k):
+    x, w1, w2, logits = _problem(tokens, tokens, experts, hidden, inter, top_k)
+    weights, ids = fused_topk(x, logits, top_k, renormalize=True)
+    torch.testing.assert_close(
+        fused_experts(x, w1, w2, weights, ids), fused_experts_ref(x, w1, w2, weights, ids), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_fused_and_torch_backends_agree():
+    x, w1, w2, logits = _problem(5, 9, 8, 32, 16, 2)
+    outs = [create_moe_backend(name).forward(x, w1, w2, logits, 2, True, "silu", False) for name in ("fused", "torch")]
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block", [1, 4, 16])
+def test_align_block_size_groups_pairs_by_expert(block):
+    gen = torch.Generator().manual_seed(block)
+    num_experts, tokens, top_k = 6, 11, 2
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)])
+    sorted_ids, expert_ids, num_post_pad = moe_align_block_size(ids, block, num_experts)
+    numel = ids.numel()
+    used = int(num_post_pad)
+    assert used % block == 0 and sorted_ids.shape[0] == numel + num_experts * (block - 1)
+    flat = ids.flatten()
+    real = sorted_ids[:used][sorted_ids[:used] < numel]
+    assert sorted(real.tolist()) == list(range(numel))  # every (token, k) pair exactly once
+    assert (sorted_ids[used:] == numel).all()
+    for blk in range(used // block):
+        members = sorted_ids[blk * block : (blk + 1) * block]
+        members = members[members < numel].long()
+        assert (flat[members] == expert_ids[blk]).all()  # a block holds one expert's pairs
+
+
+def test_router_matches_hf_qwen3_moe():
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    for norm in (True, False):
+        config = Qwen3MoeConfig(hidden_size=32, num_experts=8, num_experts_per_tok=3, norm_topk_prob=norm)
+        router = Qwen3MoeTopKRouter(config)
+        torch.nn.init.normal_(router.weight, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(10, 32, generator=torch.Generator().manual_seed(1))
+        logits, hf_weights, hf_ids = router(x)
+        weights, ids = fused_topk(x, logits, 3, renormalize=norm)
+        assert torch.equal(ids.long(), hf_ids)
+        torch.testing.assert_close(weights, hf_weights.float(), atol=0, rtol=0)

@@ -1,0 +1,80 @@
+"""Bad input gets an OpenAI-style 4xx and the server keeps serving: the next good request still succeeds."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from stage4_fast.harness import ServerProcess
+
+LONG_IDS = [100 + i % 1000 for i in range(5000)]  # longer than tiny-qwen3's 4096-token context
+
+
+def _good_request_works(server: ServerProcess) -> None:
+    r = httpx.post(f"{server.base_url}/v1/completions",
+                   json={"prompt": "Hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["finish_reason"] == "length"
+
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+# (name, path, body (dict or raw bytes), status, code)
+CASES = [
+    ("malformed json", CHAT, b'{"messages": [', 400, "invalid_json"),
+    ("body not an object", CHAT, b"[1, 2]", 400, "invalid_value"),
+    ("missing messages", CHAT, {"max_tokens": 3}, 400, "missing_required_parameter"),
+    ("empty messages", CHAT, {"messages": []}, 400, "invalid_value"),
+    ("messages not a list", CHAT, {"messages": "hi"}, 400, "invalid_value"),
+    ("unknown role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_value"),
+    ("content not text", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "invalid_value"),
+    ("missing prompt", COMPLETIONS, {"max_tokens": 3}, 400, "missing_required_parameter"),
+    ("empty prompt", COMPLETIONS, {"prompt": ""}, 400, "invalid_value"),
+    ("empty token list", COMPLETIONS, {"prompt": []}, 400, "invalid_value"),
+    ("prompt not text", COMPLETIONS, {"prompt": 5}, 400, "invalid_value"),
+    ("two prompts", COMPLETIONS, {"prompt": ["a", "b"]}, 400, "invalid_value"),
+    ("max_tokens zero", COMPLETIONS, {"prompt": "a", "max_tokens": 0}, 400, "invalid_value"),
+    ("max_tokens negative", CHAT, {"messages": MSG, "max_tokens": -5}, 400, "invalid_value"),
+    ("max_tokens a string", COMPLETIONS, {"prompt": "a", "max_tokens": "10"}, 400, "invalid_value"),
+    ("max_tokens beyond context", CHAT, {"messages": MSG, "max_tokens": 10**6}, 400, "context_length_exceeded"),
+    ("prompt beyond context", COMPLETIONS, {"prompt": LONG_IDS, "max_tokens": 4}, 400, "invalid_request"),
+    ("prompt beyond context, streamed", COMPLETIONS, {"prompt": LONG_IDS, "stream": True}, 400, "invalid_request"),
+    ("chat beyond context", CHAT, {"messages": [{"role": "user", "content": "word " * 5000}]}, 400,
+     "invalid_request"),
+    ("token id beyond vocabulary", COMPLETIONS, {"prompt": [1, 2, 10**7]}, 400, "invalid_request"),
+    ("negative token id", COMPLETIONS, {"prompt": [1, -3]}, 400, "invalid_request"),
+    ("temperature negative", COMPLETIONS, {"prompt": "a", "temperature": -0.1}, 400, "invalid_value"),
+    ("temperature a string", CHAT, {"messages": MSG, "temperature": "hot"}, 400, "invalid_value"),
+    ("top_p zero", COMPLETIONS, {"prompt": "a", "top_p": 0}, 400, "invalid_value"),
+    ("top_p above one", CHAT, {"messages": MSG, "top_p": 1.5}, 400, "invalid_value"),
+    ("stream not a bool", CHAT, {"messages": MSG, "stream": "yes"}, 400, "invalid_value"),
+    ("n above one", CHAT, {"messages": MSG, "n": 2}, 400, "invalid_value"),
+    ("empty stop string", COMPLETIONS, {"prompt": "a", "stop": [""]}, 400, "invalid_value"),
+    ("unknown model", CHAT, {"model": "gpt-17", "messages": MSG}, 404, "model_not_found"),
+    ("generate without max_tokens", "/generate", {"prompt": "a"}, 400, "missing_required_parameter"),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, code", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_openai_error_and_server_keeps_serving(tiny_server, name, path, body, status, code):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{tiny_server.base_url}{path}", content=content,
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    error = r.json()["error"]
+    assert error["code"] == code and error["type"] and error["message"]
+    _good_request_works(tiny_server)
+
+
+def test_unknown_route_and_method_are_openai_errors(tiny_server):
+    r = httpx.get(f"{tiny_server.base_url}/v1/nothing-here", timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(f"{tiny_server.base_url}/v1/completions", timeout=30)
+    assert r.status_code == 405 and "error" in r.json()
+    _good_request_works(tiny_server)

@@ -1,0 +1,134 @@
+"""Start-up, shutdown and worker death of the real process tree; the shell in a real terminal (a pty)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from stage4_fast.harness import server_process
+
+
+def _workers(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _all_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _ipc_files(pid: int) -> list[str]:
+    return [p for p in os.listdir("/tmp") if p.startswith("minisgl_") and p.endswith(f".pid={pid}")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_every_process(tiny_dir, sig):
+    with server_process(str(tiny_dir)) as server:
+        pid = server.proc.pid
+        workers = _workers(pid)
+        assert len(workers) >= 2  # scheduler + tokenizer/detokenizer (+ multiprocessing's resource tracker)
+        assert _ipc_files(pid)
+        if sig == signal.SIGINT:  # Ctrl-C in a terminal reaches the whole process group
+            os.killpg(pid, signal.SIGINT)
+        else:
+            server.proc.send_signal(sig)
+        assert server.proc.wait(30) == 0
+        assert _all_gone(workers, 15) == []
+        assert _ipc_files(pid) == []
+        assert "Traceback" not in server.log()
+
+
+def test_dead_worker_brings_the_server_down_with_a_message(tiny_dir):
+    with server_process(str(tiny_dir)) as server:
+        workers = _workers(server.proc.pid)
+        scheduler = next(p for p in workers if "spawn_main" in " ".join(p.cmdline()))
+        # a stream in flight when the worker dies ends with an error event, not silence
+        body = {"prompt": "hello", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+            victim = psutil.Process(scheduler.pid)
+            victim.kill()
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]" and '"error"' in rest[-2]
+        assert server.proc.wait(30) == 1
+        assert _all_gone(workers, 15) == []
+        log = server.log()
+        assert re.search(r"worker minisgl-\S+ \(pid \d+\) was killed by signal 9; shutting the server down", log)
+
+
+def test_worker_dying_during_start_up_is_reported(tmp_path):
+    bad = tmp_path / "not-a-model"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"architectures": ["NoSuchForCausalLM"], "model_type": "llama"}')
+    with pytest.raises(RuntimeError, match="exited with code"):
+        with server_process(str(bad), startup_timeout_s=120):
+            pass
+
+
+def _read_until(fd: int, pattern: str, timeout_s: float) -> str:
+    out = b""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+            if re.search(pattern, out.decode(errors="replace")):
+                return out.decode(errors="replace")
+    raise AssertionError(f"{pattern!r} not seen in {out.decode(errors='replace')!r}")
+
+
+def _own_terminal() -> None:
+    """In the child: a new session whose controlling terminal is the pty (stdin), as in a real terminal, so Ctrl-C
+    outside prompt_toolkit's raw mode becomes SIGINT for the shell's whole process group."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def test_shell_in_a_terminal(tiny_dir):
+    """Type into `--shell` through a pty: it answers, /reset works, Ctrl-C while it answers exits cleanly (the
+    request is aborted) with no worker left."""
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), MINISGL_SHELL_MAX_TOKENS="300", MINISGL_SHELL_TEMPERATURE="0",
+               TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "stage4_fast", "--model", str(tiny_dir), "--shell"],
+                            cwd=repo, env=env, stdin=slave, stdout=slave, stderr=slave, preexec_fn=_own_terminal)
+    os.close(slave)
+    try:
+        _read_until(master, r"Ctrl-C quits", 180)  # the banner: every worker is up
+        workers = _workers(proc.pid)
+        # typed ahead: /reset is read only after the whole answer has streamed out
+        os.write(master, b"hello there\r/reset\r")
+        transcript = _read_until(master, r"conversation cleared", 120)
+        answer = transcript.rsplit("hello there", 1)[1].split("> /reset", 1)[0]  # after the prompt's own echo
+        assert len(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x1f>]", "", answer).strip()) > 20  # text came back
+        os.write(master, b"tell me more\r")
+        _read_until(master, r"tell me more.*\r\n.*\S", 60)  # the answer has started
+        os.write(master, b"\x03")  # Ctrl-C while it streams
+        _read_until(master, r"bye", 30)
+        assert proc.wait(30) == 0
+        assert _all_gone(workers, 15) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        os.close(master)

@@ -1,0 +1,168 @@
+"""The official `openai` client against the real server on SmolLM2: greedy text equals the offline LLM and HF,
+usage is right, stop strings and stop token ids cut where they should, streaming and not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from stage4_fast.core import SamplingParams
+from stage4_fast.harness import server_process
+
+PROMPT = "The capital of France is"
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def model_id(smollm2_dir: Path) -> str:
+    return str(smollm2_dir)  # the server names its model after --model
+
+
+@pytest.fixture(scope="module")
+def server(model_id: str):
+    with server_process(model_id) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def chat_ids(tok) -> list[int]:
+    rendered = tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+    return tok.encode(rendered, add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def references(smollm2_dir, tok, chat_ids):
+    """Greedy continuations of the raw prompt (EOS ignored) and of the chat (stopping at EOS), from the offline
+    LLM and from HF transformers."""
+    from stage4_fast.llm import LLM
+
+    raw_ids = tok(PROMPT).input_ids
+    llm = LLM(str(smollm2_dir), dtype=torch.float32)
+    raw_params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=N)
+    chat_params = SamplingParams(temperature=0.0, max_tokens=64)
+    raw_llm, chat_llm = llm.generate([PROMPT, chat_ids], [raw_params, chat_params], use_tqdm=False)
+    del llm
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        raw_hf = hf.generate(torch.tensor([raw_ids]), max_new_tokens=N, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(raw_ids):].tolist()
+        chat_hf = hf.generate(torch.tensor([chat_ids]), max_new_tokens=64, do_sample=False,
+                              eos_token_id=tok.eos_token_id, pad_token_id=0)[0, len(chat_ids):].tolist()
+    assert raw_llm["token_ids"] == raw_hf
+    eos_hit = chat_hf[-1] == tok.eos_token_id
+    assert chat_llm["token_ids"] == (chat_hf[:-1] if eos_hit else chat_hf)
+    return {"raw": raw_llm, "chat": chat_llm, "chat_eos": eos_hit, "raw_ids": raw_ids}
+
+
+def test_completion_equals_offline_and_hf(client, model_id, references, tok):
+    r = client.completions.create(model=model_id, prompt=PROMPT, max_tokens=N,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == references["raw"]["text"] == tok.decode(references["raw"]["token_ids"])
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(references["raw_ids"])
+    assert r.usage.completion_tokens == N and r.usage.total_tokens == N + len(references["raw_ids"])
+    assert r.object == "text_completion"
+
+
+def test_streamed_completion_equals_the_plain_one(client, model_id, references):
+    chunks = list(client.completions.create(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == references["raw"]["text"]
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat_equals_offline_and_hf_with_usage(client, model_id, references, chat_ids):
+    r = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=64, temperature=0)
+    chat = references["chat"]
+    assert "Paris" in chat["text"]
+    assert r.choices[0].message.content == chat["text"] and r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == ("stop" if references["chat_eos"] else "length")
+    assert r.usage.prompt_tokens == len(chat_ids)
+    assert r.usage.completion_tokens == len(chat["token_ids"]) + references["chat_eos"]  # EOS counts, unshown
+    assert r.object == "chat.completion"
+
+
+def test_streamed_chat_follows_the_openai_chunk_format(client, model_id, references):
+    chunks = list(client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=64, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens > 0
+    body = chunks[:-1]
+    assert "".join(c.choices[0].delta.content or "" for c in body) == references["chat"]["text"]
+    assert body[-1].choices[0].finish_reason == ("stop" if references["chat_eos"] else "length")
+    assert all(c.choices[0].finish_reason is None for c in body[:-1])
+
+
+def test_raw_sse_ends_with_done(server):
+    body = {"messages": QUESTION, "max_tokens": 5, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_cuts_the_text(client, model_id, references, stream):
+    full = references["raw"]["text"]
+    words = full.split()
+    stop = words[len(words) // 2][:3]  # a stop string from the middle of the greedy answer
+    want = full[: full.index(stop)]
+    kwargs = dict(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0, stop=[stop, "never-ever-here"],
+                  extra_body={"ignore_eos": True})
+    if stream:
+        chunks = list(client.completions.create(stream=True, **kwargs))
+        text, finish = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+    else:
+        r = client.completions.create(**kwargs)
+        text, finish = r.choices[0].text, r.choices[0].finish_reason
+    assert text == want and finish == "stop"
+
+
+def test_stop_token_id_ends_the_request(client, model_id, references, tok):
+    ids = references["raw"]["token_ids"]
+    r = client.completions.create(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0,
+                                  extra_body={"ignore_eos": True, "stop_token_ids": [ids[5]]})
+    first = ids.index(ids[5])
+    assert r.choices[0].text == tok.decode(ids[:first]) and r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == first + 1
+
+
+def test_seed_makes_sampling_reproducible(client, model_id):
+    def sample(seed: int) -> str:
+        r = client.completions.create(model=model_id, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.95,
+                                      seed=seed, extra_body={"ignore_eos": True, "top_k": 50})
+        return r.choices[0].text
+
+    a, b, c = sample(1234), sample(1234), sample(99)
+    assert a == b and a != c
+
+
+def test_models_and_health(client, model_id, server):
+    models = client.models.list().data
+    assert [m.id for m in models] == [model_id] and models[0].owned_by == "mini-sglang"
+    assert httpx.get(f"{server.base_url}/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_upstream_generate_endpoint(server, references):
+    body = {"prompt": PROMPT, "max_tokens": N, "ignore_eos": True, "stream": False}
+    r = httpx.post(f"{server.base_url}/generate", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["text"] == references["raw"]["text"]

@@ -1,0 +1,160 @@
+"""Tokenize (chat template, no double BOS) and incremental, UTF-8-safe detokenization with SmolLM2's tokenizer."""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers.processors import TemplateProcessing
+from transformers import AutoTokenizer
+
+from stage4_fast.core import SamplingParams
+from stage4_fast.message import AbortMsg, DetokenizeMsg, StatsMsg, StatsQueryMsg, TokenizeMsg, UserReply
+from stage4_fast.tokenizer import DetokenizeManager, TokenizeManager
+from stage4_fast.tokenizer.server import _handle
+
+from .conftest import prepared_model
+
+TEXTS = [
+    "Emoji 😀🎉👩‍👩‍👧 and flags 🇫🇷🇯🇵!",
+    "中文文本：你好，世界。日本語のテキストと한국어 텍스트.",
+    "naïve café — “quotes” … ∑ x² ≤ ∞ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "mixed: 价格 €42 😀 ok\nnew line\tand tab",
+]
+
+
+@lru_cache(maxsize=1)
+def smollm2() -> Path:
+    return prepared_model("smollm2")
+
+
+@lru_cache(maxsize=1)
+def tokenizer():
+    return AutoTokenizer.from_pretrained(smollm2())
+
+
+def _stream(ids: list[int], finish_reason: str = "length", uid: int = 1, mgr=None) -> list[UserReply]:
+    mgr = mgr or DetokenizeManager(tokenizer())
+    last = len(ids) - 1
+    return [mgr.detokenize_one(DetokenizeMsg(uid, t, i == last, finish_reason=finish_reason if i == last else ""))
+            for i, t in enumerate(ids)]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_split_characters_never_stream_a_replacement_char(text):
+    tok = tokenizer()
+    ids = tok.encode(text)
+    # the test is only meaningful if some character really is split across tokens
+    assert any("\ufffd" in tok.decode(ids[:k]) for k in range(1, len(ids)))
+    replies = _stream(ids)
+    assert all("\ufffd" not in r.incremental_output for r in replies)
+    assert "".join(r.incremental_output for r in replies) == tok.decode(ids) == text
+
+
+def test_text_appears_as_soon_as_its_character_is_complete():
+    tok = tokenizer()
+    ids = tok.encode("a😀b")
+    outs = [r.incremental_output for r in _stream(ids)]
+    for k in range(1, len(ids) + 1):
+        text = tok.decode(ids[:k])
+        if "\ufffd" not in text:  # everything complete so far has been sent, no later
+            assert "".join(outs[:k]) == text
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(TEXTS) - 1), min_size=1, max_size=4),
+       st.integers(min_value=0, max_value=2**31))
+def test_any_interleaving_of_requests_decodes_each_exactly(picks, seed):
+    """Several requests' tokens interleaved at random, as the scheduler sends them: each stream equals its own
+    decode and never carries U+FFFD."""
+    tok = tokenizer()
+    mgr = DetokenizeManager(tok)
+    rng = random.Random(seed)
+    ids = {uid: tok.encode(TEXTS[p]) for uid, p in enumerate(picks)}
+    pos = {uid: 0 for uid in ids}
+    out = {uid: "" for uid in ids}
+    while pos:
+        uid = rng.choice(sorted(pos))
+        i = pos[uid]
+        last = i == len(ids[uid]) - 1
+        r = mgr.detokenize_one(DetokenizeMsg(uid, ids[uid][i], last, finish_reason="length" if last else ""))
+        assert "\ufffd" not in r.incremental_output
+        out[uid] += r.incremental_output
+        pos[uid] += 1
+        if last:
+            del pos[uid]
+    assert out == {uid: tok.decode(v) for uid, v in ids.items()}
+    assert mgr.decode_map == {}
+
+
+def test_final_eos_is_counted_but_not_shown():
+    tok = tokenizer()
+    ids = tok.encode("Paris.") + [tok.eos_token_id]
+    replies = _stream(ids, finish_reason="stop")
+    assert "".join(r.incremental_output for r in replies) == "Paris."
+    assert replies[-1].finished and replies[-1].finish_reason == "stop"
+    assert replies[-1].completion_tokens == len(ids)
+
+
+def test_eos_inside_an_ignore_eos_request_is_text():
+    tok = tokenizer()
+    ids = tok.encode("a") + [tok.eos_token_id] + tok.encode("b")
+    assert "".join(r.incremental_output for r in _stream(ids, finish_reason="length")) == tok.decode(ids)
+
+
+def test_length_cut_inside_a_character_flushes_what_decode_gives():
+    tok = tokenizer()
+    ids = tok.encode("x😀")[:-1]  # stops half way through the emoji
+    assert "".join(r.incremental_output for r in _stream(ids)) == tok.decode(ids)
+
+
+def test_abort_and_rejection_leave_no_state():
+    mgr = DetokenizeManager(tokenizer())
+    mgr.detokenize_one(DetokenizeMsg(1, 100, False))
+    mgr.detokenize_one(DetokenizeMsg(1, -1, True, "aborted", finish_reason="abort"))
+    r = mgr.detokenize_one(DetokenizeMsg(2, -1, True, "too long", finish_reason="error", prompt_tokens=9000))
+    assert r.error == "too long" and r.finished and r.completion_tokens == 0 and r.prompt_tokens == 9000
+    assert mgr.decode_map == {}
+
+
+def test_chat_template_is_applied_and_bos_not_doubled():
+    tok = AutoTokenizer.from_pretrained(smollm2())
+    # make the tokenizer add BOS on encode, like Llama 3's: the rendered template already starts with it
+    bos = tok.bos_token
+    tok._tokenizer.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.bos_token_id)])
+    assert tok.encode("hi")[0] == tok.bos_token_id
+    messages = [{"role": "user", "content": "hi"}]
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered.startswith(bos)
+    ids = TokenizeManager(tok).tokenize_one(messages)
+    assert ids.dtype == torch.int32 and ids.dim() == 1
+    assert ids.tolist() == tok.encode(rendered, add_special_tokens=False)
+    assert ids.tolist()[:2] != [tok.bos_token_id] * 2  # upstream: encode(rendered) -> BOS BOS ...
+    tail = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)  # the generation prompt
+    assert ids.tolist()[-len(tail):] == tail
+
+
+def test_raw_prompt_is_encoded_like_transformers_and_ids_pass_through():
+    tok = tokenizer()
+    mgr = TokenizeManager(tok)
+    assert mgr.tokenize_one("The capital of France is").tolist() == tok("The capital of France is").input_ids
+    assert mgr.tokenize_one([5, 6, 7]).tolist() == [5, 6, 7]
+    for bad in ([], [{"role": "user", "content": "x"}, 3], [1.5], [True]):
+        with pytest.raises(ValueError):
+            mgr.tokenize_one(bad)
+
+
+def test_worker_turns_a_bad_prompt_into_an_error_reply_and_keeps_order():
+    tok = tokenizer()
+    msgs = [TokenizeMsg(1, "hello", SamplingParams()), AbortMsg(1), TokenizeMsg(2, [], SamplingParams()),
+            StatsQueryMsg(3), DetokenizeMsg(4, tok.encode("A")[0], False), StatsMsg(5, {"free_pages": 1})]
+    to_frontend, to_backend = _handle(msgs, TokenizeManager(tok), DetokenizeManager(tok))
+    assert [type(m).__name__ for m in to_backend] == ["UserMsg", "AbortBackendMsg", "StatsBackendMsg"]
+    assert [type(m).__name__ for m in to_frontend] == ["UserReply", "UserReply", "StatsReply"]
+    assert to_frontend[0].incremental_output == "A"
+    assert to_frontend[1].uid == 2 and to_frontend[1].finished and "prompt" in to_frontend[1].error

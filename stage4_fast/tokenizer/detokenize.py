@@ -1,0 +1,80 @@
+"""Token ids -> text, incrementally per request, never cutting a multi-byte character.
+
+Byte-level BPE splits an emoji or a CJK character across several tokens; decoding the tokens seen so far then ends
+in U+FFFD. We decode a small window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:
+read_offset]`` only when it does not end in U+FFFD; otherwise we wait for the next token. The window keeps a few
+tokens of left context so tokenizers that drop a leading space when decoding a lone token still decode right. On
+the last token whatever remains is flushed, so the concatenated stream equals decoding all ids at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from transformers import PreTrainedTokenizerBase
+
+from ..message import DetokenizeMsg, UserReply
+
+_REPLACEMENT = "\ufffd"
+
+
+@dataclass
+class DecodeStatus:
+    decoded_ids: List[int] = field(default_factory=list)
+    decoded_str: str = ""  # text committed so far
+    read_offset: int = 0  # ids before this are committed
+    surr_offset: int = 0  # start of the left-context window
+    sent_offset: int = 0  # characters of decoded_str already sent
+    completion_tokens: int = 0  # every generated token, the final EOS too (it is not part of the text)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class DetokenizeManager:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.decode_map: Dict[int, DecodeStatus] = {}
+
+    def detokenize(self, msgs: List[DetokenizeMsg]) -> List[UserReply]:
+        return [self.detokenize_one(msg) for msg in msgs]
+
+    def detokenize_one(self, msg: DetokenizeMsg) -> UserReply:
+        if msg.finished:
+            # the request ends here: forget it even if it was aborted or rejected before any token
+            status = self.decode_map.pop(msg.uid, None) or DecodeStatus()
+        else:
+            status = self.decode_map.setdefault(msg.uid, DecodeStatus())
+        status.prompt_tokens = msg.prompt_tokens or status.prompt_tokens
+        status.cached_tokens = msg.cached_tokens or status.cached_tokens
+        if msg.next_token >= 0:
+            status.completion_tokens += 1
+            # a request that stopped on EOS / a stop token does not show that token
+            if not (msg.finished and msg.finish_reason == "stop"):
+                status.decoded_ids.append(msg.next_token)
+        self._advance(status, flush=msg.finished)
+        new_text = status.decoded_str[status.sent_offset :]
+        status.sent_offset = len(status.decoded_str)
+        return UserReply(
+            uid=msg.uid,
+            incremental_output=new_text,
+            finished=msg.finished,
+            finish_reason=msg.finish_reason,
+            prompt_tokens=status.prompt_tokens,
+            completion_tokens=status.completion_tokens,
+            cached_tokens=status.cached_tokens,
+            error=msg.error,
+        )
+
+    def _advance(self, s: DecodeStatus, flush: bool) -> None:
+        if s.read_offset == len(s.decoded_ids):
+            return
+        prefix = self._decode(s.decoded_ids[s.surr_offset : s.read_offset])
+        text = self._decode(s.decoded_ids[s.surr_offset :])
+        if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
+            s.decoded_str += text[len(prefix) :]
+            s.surr_offset = s.read_offset
+            s.read_offset = len(s.decoded_ids)
+
+    def _decode(self, ids: List[int]) -> str:
+        return self.tokenizer.decode(ids) if ids else ""

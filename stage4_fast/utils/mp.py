@@ -1,0 +1,167 @@
+"""ZMQ queues between the server's processes: PUSH/PULL pipes and a PUB/SUB broadcast, sync and asyncio.
+
+Each queue owns its ``zmq.Context`` and one socket; ``create=True`` binds the address, otherwise connects. A message
+is ``msgpack(encoder(obj))``. High-water marks are lifted (0 = unbounded): a message in these pipes is a request or
+a token, and ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued ones.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Generic, TypeVar
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+T = TypeVar("T")
+
+# how long close() keeps trying to deliver queued messages (the default, forever, can hang shutdown)
+_LINGER_MS = 1000
+
+
+def _pack(encoder: Callable[[Any], Any], obj: Any) -> bytes:
+    return msgpack.packb(encoder(obj), use_bin_type=True)
+
+
+def _unpack(decoder: Callable[[Any], T], raw: bytes) -> T:
+    return decoder(msgpack.unpackb(raw, raw=False))
+
+
+def _open(context: zmq.Context, kind: int, addr: str, create: bool) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.setsockopt(zmq.LINGER, _LINGER_MS)
+    if create:
+        socket.bind(addr)
+    else:
+        socket.connect(addr)
+    return socket
+
+
+class _Queue:
+    context: zmq.Context
+    socket: zmq.Socket
+
+    def stop(self) -> None:
+        self.socket.close()
+        self.context.term()
+
+
+class ZmqPushQueue(_Queue, Generic[T]):
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
+        self.context = zmq.Context()
+        self.socket = _open(self.context, zmq.PUSH, addr, create)
+        self.encoder = encoder
+
+    def put(self, obj: T) -> None:
+        self.socket.send(_pack(self.encoder, obj), copy=False)
+
+
+class ZmqAsyncPushQueue(_Queue, Generic[T]):
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
+        self.context = zmq.asyncio.Context()
+        self.socket = _open(self.context, zmq.PUSH, addr, create)
+        self.encoder = encoder
+
+    async def put(self, obj: T) -> None:
+        await self.socket.send(_pack(self.encoder, obj), copy=False)
+
+    def put_nowait(self, obj: T) -> None:
+        """Queue without awaiting: usable from ``finally`` blocks of cancelled tasks (aborts). With an unbounded
+        high-water mark the send never has to wait."""
+        self.socket.send(_pack(self.encoder, obj), copy=False, flags=zmq.NOBLOCK)
+
+
+class ZmqPullQueue(_Queue, Generic[T]):
+    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
+        self.context = zmq.Context()
+        self.socket = _open(self.context, zmq.PULL, addr, create)
+        self.decoder = decoder
+
+    def get(self) -> T:
+        return self.decode(self.get_raw())
+
+    def get_raw(self) -> bytes:
+        return self.socket.recv()
+
+    def decode(self, raw: bytes) -> T:
+        return _unpack(self.decoder, raw)
+
+    def empty(self) -> bool:
+        return self.socket.poll(timeout=0) == 0
+
+
+class ZmqAsyncPullQueue(_Queue, Generic[T]):
+    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
+        self.context = zmq.asyncio.Context()
+        self.socket = _open(self.context, zmq.PULL, addr, create)
+        self.decoder = decoder
+
+    async def get(self) -> T:
+        return _unpack(self.decoder, await self.socket.recv())
+
+
+class ZmqPubQueue(_Queue, Generic[T]):
+    """Broadcast to every subscriber.
+
+    Fix of upstream's slow-joiner race: a PUB socket silently drops what it publishes before a subscriber's
+    subscription has reached it, and upstream only ran a barrier, which proves the SUB sockets exist, not that they
+    have joined. This is an XPUB socket, which hands each arriving subscription to the publisher, so
+    ``wait_for_subscribers(n)`` can block until n subscribers are in; nothing published after it is lost.
+    """
+
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.XPUB)
+        self.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscription, also repeats of the same topic
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.LINGER, _LINGER_MS)
+        if create:
+            self.socket.bind(addr)
+        else:
+            self.socket.connect(addr)
+        self.encoder = encoder
+        self.num_subscribers = 0
+
+    def wait_for_subscribers(self, n: int, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.num_subscribers < n:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not self.socket.poll(timeout=left_ms):
+                raise TimeoutError(f"only {self.num_subscribers} of {n} subscribers joined within {timeout_s} s")
+            if self.socket.recv()[:1] == b"\x01":  # b"\x01" + topic = subscribe, b"\x00" + topic = unsubscribe
+                self.num_subscribers += 1
+
+    def put_raw(self, raw: bytes) -> None:
+        self.socket.send(raw, copy=False)
+
+    def put(self, obj: T) -> None:
+        self.put_raw(_pack(self.encoder, obj))
+
+
+class ZmqSubQueue(_Queue, Generic[T]):
+    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if create:
+            self.socket.bind(addr)
+        else:
+            self.socket.connect(addr)
+        self.decoder = decoder
+
+    def get(self) -> T:
+        return self.decode(self.get_raw())
+
+    def get_raw(self) -> bytes:
+        return self.socket.recv()
+
+    def decode(self, raw: bytes) -> T:
+        return _unpack(self.decoder, raw)
+
+    def empty(self) -> bool:
+        return self.socket.poll(timeout=0) == 0
