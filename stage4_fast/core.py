@@ -15,6 +15,7 @@ import torch
 
 if TYPE_CHECKING:
     from .attention.base import BaseAttnBackend, BaseAttnMetadata
+    from .attention.hybrid_linear import LinearAttnMetadata
     from .kvcache.base import BaseCacheHandle, BaseKVCachePool
     from .moe import BaseMoeBackend
 
@@ -90,6 +91,8 @@ class Batch:
     out_loc: torch.Tensor = field(init=False)
     padded_reqs: List[Req] = field(init=False)  # set by the graph runner's pad_batch
     attn_metadata: BaseAttnMetadata = field(init=False)  # set by the attention backend
+    # hybrid models only: per-request state slots of the linear-attention layers (attention/hybrid_linear.py)
+    state_metadata: LinearAttnMetadata | None = field(default=None, init=False)
 
     @property
     def is_prefill(self) -> bool:

@@ -21,7 +21,10 @@ import torch
 from .core import SamplingParams
 from .llm import LLM
 
-ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"})
+# Qwen3_5ForCausalLM: the capstone hybrid (gated DeltaNet linear attention + full attention, models/qwen3_5.py)
+ARCHITECTURES = frozenset(
+    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM"}
+)
 OPTIONS = frozenset(
     {"page_size", "max_running_req", "num_pages", "attention_backend", "cache_type", "max_extend_tokens", "overlap",
      "tp", "cuda_graph"}

@@ -10,9 +10,11 @@ from typing import NamedTuple
 import torch
 
 from ..attention import create_attention_backend, resolve_auto_backend, validate_attn_backend
+from ..attention.hybrid_linear import HybridLinearAttnBackend
 from ..core import Batch, Context, Req, SamplingParams, set_global_ctx
 from ..distributed import destroy_distributed, init_process_group, reset_tp_info, set_tp_info
 from ..kvcache import create_kvcache_pool
+from ..kvcache.state_pool import create_state_pool
 from ..layers import set_rope_device
 from ..models import create_model, load_weight
 from ..moe import create_moe_backend, resolve_auto_moe_backend
@@ -72,6 +74,13 @@ class Engine:
                 self.model = create_model(model_config)
             self.model.load_state_dict(self._load_weights(model_path))
 
+            # hybrid models: per-request linear-attention state, one slot per request slot + the dummy's;
+            # made before the KV pool so that the pool is sized from the memory left after it
+            self.state_pool = (
+                create_state_pool(model_config, config.max_running_req + 1, config.dtype, self.device)
+                if model_config.linear_attn is not None
+                else None
+            )
             self.num_pages = self._num_pages()
             # one extra page at the end: the dummy request's (padding) slots
             self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(
@@ -82,6 +91,11 @@ class Engine:
                 config.max_running_req + 1, align_ceil(self.max_seq_len, 32), dtype=torch.int32, device=self.device
             )
             self.attn_backend = self.ctx.attn_backend = create_attention_backend(config.attention_backend, model_config)
+            if self.state_pool is not None:
+                assert model_config.linear_attn is not None
+                self.attn_backend = self.ctx.attn_backend = HybridLinearAttnBackend(
+                    self.attn_backend, self.state_pool, model_config.linear_attn
+                )
             if model_config.is_moe:
                 self.moe_backend = self.ctx.moe_backend = create_moe_backend(config.moe_backend)
             self.sampler = Sampler(self.device, model_config.vocab_size)
@@ -158,7 +172,7 @@ class Engine:
             return config.num_page_override
         mc = config.model_config
         kv_heads_local = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)
-        bytes_per_page = 2 * mc.head_dim * kv_heads_local * config.page_size * self.dtype.itemsize * mc.num_layers
+        bytes_per_page = 2 * mc.head_dim * kv_heads_local * config.page_size * self.dtype.itemsize * mc.num_kv_layers
         if is_cuda(self.device):
             free = self._sync_free_memory()  # after the weights: the same on every rank
             budget = int(free * config.memory_ratio)

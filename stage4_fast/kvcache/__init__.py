@@ -19,7 +19,7 @@ def create_kvcache_pool(
 ) -> BaseKVCachePool:
     return MHAKVCache(
         num_kv_heads=model_config.num_kv_heads,
-        num_layers=model_config.num_layers,
+        num_layers=model_config.num_kv_layers,
         head_dim=model_config.head_dim,
         num_pages=num_pages,
         page_size=page_size,

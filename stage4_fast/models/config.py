@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
+from .hybrid_config import LinearAttnConfig
+
 
 @dataclass(frozen=True)
 class RotaryConfig:
@@ -52,6 +54,12 @@ class ModelConfig:
     norm_topk_prob: bool
     model_type: str
     architectures: List[str]
+    linear_attn: LinearAttnConfig | None = None  # hybrid models (Qwen3.5): which layers are linear attention
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that keep K/V in the paged pool (a hybrid model's linear layers keep a state instead)."""
+        return self.num_layers if self.linear_attn is None else self.linear_attn.num_full_layers
 
     @property
     def is_moe(self) -> bool:
@@ -77,7 +85,7 @@ class ModelConfig:
             rms_norm_eps=cfg["rms_norm_eps"],
             rotary_config=RotaryConfig(
                 head_dim=head_dim,
-                rotary_dim=head_dim,
+                rotary_dim=int(head_dim * _partial_rotary_factor(cfg)),
                 max_position=cfg["max_position_embeddings"],
                 base=theta,
                 scaling=scaling,
@@ -90,4 +98,13 @@ class ModelConfig:
             norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
             model_type=cfg.get("model_type", "llama"),
             architectures=list(cfg.get("architectures") or ["LlamaForCausalLM"]),
+            linear_attn=LinearAttnConfig.from_hf(cfg),
         )
+
+
+def _partial_rotary_factor(cfg: Dict[str, Any]) -> float:
+    """Share of each head that RoPE rotates (Qwen3.5: 0.25); transformers 5 keeps it in rope_parameters."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "partial_rotary_factor" in params:
+        return float(params["partial_rotary_factor"])
+    return float(cfg.get("partial_rotary_factor") or 1.0)

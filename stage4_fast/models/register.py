@@ -6,6 +6,7 @@ from ..utils import Registry
 from .base import BaseLLMModel
 from .config import ModelConfig
 from .decoder import DecoderForCausalLM
+from .qwen3_5 import Qwen3_5ForCausalLM
 
 ModelFactory = Callable[[ModelConfig], BaseLLMModel]
 
@@ -24,3 +25,6 @@ def get_model_class(model_architecture: str, model_config: ModelConfig) -> BaseL
 
 def create_model(model_config: ModelConfig) -> BaseLLMModel:
     return get_model_class(model_config.architectures[0], model_config)
+# hybrid linear/full attention; the multimodal wrapper's text weights are renamed on load
+MODEL_REGISTRY.register("Qwen3_5ForCausalLM")(Qwen3_5ForCausalLM)
+MODEL_REGISTRY.register("Qwen3_5ForConditionalGeneration")(Qwen3_5ForCausalLM)

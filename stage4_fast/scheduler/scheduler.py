@@ -83,7 +83,10 @@ class Scheduler(SchedulerIOMixin):
         self.stream = create_stream(self.device)
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
-        self.cache_manager = CacheManager(self.engine.num_pages, page_size, self.engine.page_table, config.cache_type)
+        # a linear layer's state after a prefix cannot be rebuilt from the prefix's KV: hybrid models get no prefix
+        # sharing (naive cache), whatever was asked (attention/hybrid_linear.py)
+        cache_type = "naive" if self.engine.config.model_config.linear_attn is not None else config.cache_type
+        self.cache_manager = CacheManager(self.engine.num_pages, page_size, self.engine.page_table, cache_type)
         self.decode_manager = DecodeManager(page_size)
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager)
         self.tokenizer = _try_load_tokenizer(config.model_path)
