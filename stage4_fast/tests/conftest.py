@@ -109,7 +109,7 @@ def hf_logits(path: Path, ids: List[int]) -> torch.Tensor:
     return _hf_model(str(path))(torch.tensor([ids])).logits[0]
 
 
-# ---- server fixtures (merged into stage4_fast/tests/conftest.py in phase 2) ------------------------------------
+# ---- server fixtures ---------------------------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
 

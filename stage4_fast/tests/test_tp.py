@@ -60,3 +60,13 @@ def test_server_with_two_ranks_matches_hf():
             text = json.loads(resp.read())["choices"][0]["text"]
         assert "rank 1/2" in server.log()  # the second rank's engine started in its own process
     assert text == want
+
+
+def test_tp_that_does_not_split_the_heads_is_a_cli_error(capsys):
+    """SmolLM2 has 9 query heads: `--tp 2` must stop with a readable message, not an assertion in a rank."""
+    from stage4_fast.server.args import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--model", str(prepared_model("smollm2")), "--tp", "2"])
+    assert exc.value.code == 2
+    assert "--tp 2: the model's 9 attention heads do not split evenly over 2 ranks" in capsys.readouterr().err
