@@ -77,22 +77,13 @@ def run_worker(engine: str, workload_name: str, model: str, options: dict) -> di
     }
 
 
-def run_row(engine: str, workload_name: str, model: str, options: dict) -> dict:
+def run_row(engine: str, workload_name: str, model: str, options: dict, env: dict) -> dict:
     if engine != "hf" and not (ROOT / engine / "__init__.py").exists():
         return {"missing": f"{engine} is not built yet"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.offline",
-        "--worker",
-        engine,
-        workload_name,
-        json.dumps(options),
-        "--model",
-        model,
-    ]
+    options_json = json.dumps(options)
+    cmd = [sys.executable, "-m", "bench.offline", "--worker", engine, workload_name, options_json, "--model", model]
     load_before = os.getloadavg()[0]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -138,7 +129,8 @@ def report(
         f"- machine: {machine()}",
         f"- command: `{' '.join(['python -m bench.offline', *sys.argv[1:]])}`",
         f"- model: {Path(args.model).name}, fp32, greedy, EOS ignored; torch {torch.__version__}, "
-        f"transformers {transformers.__version__}",
+        f"transformers {transformers.__version__}; OMP_WAIT_POLICY="
+        f"{'PASSIVE' if args.omp_passive else os.environ.get('OMP_WAIT_POLICY', 'unset (library default)')}",
         f"- load average (1/5/15 min) before: {load_before}, after: {load_after}; total {total_s:.0f} s. The machine "
         "(2 cores) is shared: with other work running, every engine slows down several times (two OpenMP threads "
         "wait for each other), so compare rows only at low load.",
@@ -201,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--engines", nargs="*", choices=sorted(ALIASES), default=sorted(ALIASES))
+    ap.add_argument(
+        "--omp-passive",
+        action="store_true",
+        help="run every row with OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning): on a "
+        "machine shared with other jobs this keeps two threads from stalling each other",
+    )
     ap.add_argument("--worker", nargs=3, metavar=("ENGINE", "WORKLOAD", "OPTIONS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -212,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no model at {args.model}; prepare it with `python -m models prepare smollm2`", file=sys.stderr)
         return 1
     wanted = {ALIASES[e] for e in args.engines}
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE") if args.omp_passive else dict(os.environ)
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load_before, t0 = load(), time.perf_counter()
     results = []
@@ -219,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if engine not in wanted:
             continue
         print(f"{label} ...", file=sys.stderr, flush=True)
-        res = run_row(engine, wname, args.model, options)
+        res = run_row(engine, wname, args.model, options, env)
         if "seconds" in res:
             print(
                 f"  {res['output_tokens']} tokens in {res['seconds']:.1f} s = "

@@ -116,16 +116,19 @@ def ablation_rows(results: dict) -> list[dict]:
         x, y = _task(results, key_off, task), _task(results, key_on, task)
         if not (x and y):
             return
-        out.append({"name": name, "stage": results["jobs"][key_off]["stage"], "workload": x.get("workload", ""),
+        workload = x.get("workload", "")
+        if (model := results["jobs"][key_off]["result"].get("model")) and model != results["meta"]["model"]:
+            workload += f"; model {model}"
+        out.append({"name": name, "stage": results["jobs"][key_off]["stage"], "workload": workload,
                     "off": f"{lab_off}: {x['tok_s']:,.1f} out tok/s", "on": f"{lab_on}: {y['tok_s']:,.1f} out tok/s",
                     "effect": f"{y['tok_s'] / x['tok_s']:.2f}×",
                     "plot": [("output tok/s", x["tok_s"], y["tok_s"], lab_off, lab_on)]})
 
-    throughput("overlap scheduling", "abl:overlap:off", f"main:{a}", "offline", "off", "on (default)")
-    throughput("page size", f"main:{a}", "abl:page:16", "offline", "page 1 (default)", "page 16")
+    throughput("overlap scheduling", "abl:overlap:off", "abl:overlap:on", "offline", "off", "on")
+    throughput("page size", "abl:page:1", "abl:page:16", "offline", "page 1", "page 16")
     if "abl:graph:off" in results["jobs"]:
-        throughput("CUDA graph", "abl:graph:off", "main:stage4_fast", "offline", "off", "on (default)")
-        x, y = _task(results, "abl:graph:off", "decode"), _task(results, "main:stage4_fast", "decode")
+        throughput("CUDA graph", "abl:graph:off", "abl:graph:on", "offline", "off", "on")
+        x, y = _task(results, "abl:graph:off", "decode"), _task(results, "abl:graph:on", "decode")
         if x and y:
             out[-1]["effect"] += f"; single-stream decode {x['tok_s']:,.0f} → {y['tok_s']:,.0f} tok/s"
     if "abl:tp:1" in results["jobs"]:
@@ -229,7 +232,9 @@ def markdown(results: dict, images: list[str]) -> str:
              + (f" — **{m['load_note']}**" if m.get("load_note") else ""),
              f"- other processes used {m['foreign_cpu']:.0%} of the CPUs during the run"
              + (f"; more than 15 % during: {', '.join(m['busy_jobs'])} (those numbers are the least reliable)"
-                if m["busy_jobs"] else ""),
+                if m["busy_jobs"] else "")
+             + (f"; measured twice because the first run was busy, the quieter kept: {', '.join(m['reruns'])}"
+                if m.get("reruns") else ""),
              f"- versions: {m['versions']}; git {m['git']}",
              f"- model: `{m['model']}` ({m['dtype']}), device {m['device']}, {m['threads']} torch threads per process",
              ""]
@@ -257,8 +262,8 @@ def markdown(results: dict, images: list[str]) -> str:
     lines += ["## Ablations", ""]
     if rows:
         lines += [ablation_table(rows), "",
-                  "Rows marked (default) reuse the stage's own row above (same run, same workload); every other "
-                  "configuration ran in its own process. Peak memory: RSS sampled every ms above the level when "
+                  "Each configuration ran in its own process, the two of a row one right after the other. "
+                  "Peak memory: RSS sampled every ms above the level when "
                   "the long prompt arrived (CPU), or the CUDA allocator's peak (GPU).", ""]
     else:
         lines += ["No ablation ran (needs stage2 or later).", ""]

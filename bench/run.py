@@ -30,6 +30,7 @@ from .report import ablation_rows, ablation_table, markdown, plot_all, stage_tab
 from .workloads import SIZES, offline_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
+BUSY = 0.15  # a job during which other processes used more than this share of the CPUs was measured on a busy machine
 CPU_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 GPU_MODEL = ROOT / "models" / "qwen3-0.6b-shape"
 
@@ -40,6 +41,7 @@ class Job:
     stage: str
     tasks: list[str]
     options: dict = field(default_factory=dict)
+    model: Path | None = None  # default: the run's model
 
     @property
     def label(self) -> str:
@@ -77,17 +79,23 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
         Job("abl:chunked:off", a, ["long_prompt"], {"max_extend_tokens": budget_off}),
         Job("abl:chunked:on", a, ["long_prompt"], {"max_extend_tokens": sizes.chunk}),
         Job("abl:overlap:off", a, ["offline"], {"overlap_scheduling": False}),
+        Job("abl:overlap:on", a, ["offline"], {"overlap_scheduling": True}),
+        Job("abl:page:1", a, ["offline"], {"page_size": 1}),
         Job("abl:page:16", a, ["offline"], {"page_size": 16}),
     ]
     if "stage4_fast" in engines:
         if args.gpu:
-            jobs.append(Job("abl:graph:off", "stage4_fast", ["decode", "offline"], {"cuda_graph_max_bs": 0}))
+            jobs += [Job("abl:graph:off", "stage4_fast", ["decode", "offline"], {"cuda_graph_max_bs": 0}),
+                     Job("abl:graph:on", "stage4_fast", ["decode", "offline"])]
         else:
             notes.append("CUDA graph on/off: GPU only")
+        tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")
+        elif tp_model is None:
+            notes.append(f"TP 1 vs 2: the heads of {args.model.name} do not split over 2 ranks")
         else:
-            jobs += [Job(f"abl:tp:{tp}", "stage4_fast", ["serve_offline"], {"tp": tp}) for tp in (1, 2)]
+            jobs += [Job(f"abl:tp:{tp}", "stage4_fast", ["serve_offline"], {"tp": tp}, tp_model) for tp in (1, 2)]
     else:
         notes.append("CUDA graph on/off and TP 1 vs 2: need stage4_fast")
     return jobs, a, notes
@@ -113,10 +121,22 @@ class ForeignCPU:
         return max(0.0, (busy - busy0) - (own - own0)) / max((now - then) * os.cpu_count(), 1e-9)
 
 
+def _tp_model(model: Path, tp: int) -> Path | None:
+    """`model` if its attention heads split over `tp` ranks, else the tiny Qwen3 (SmolLM2's 9 query / 3 KV heads
+    do not split in 2), else None."""
+    def splits(m: Path) -> bool:
+        c = json.loads((m / "config.json").read_text())
+        q, kv = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+        return q % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+    fallback = ROOT / "models" / "tiny-qwen3"
+    return model if splits(model) else fallback if (fallback / "config.json").exists() and splits(fallback) else None
+
+
 def run_job(job: Job, args: argparse.Namespace, log_dir: Path) -> dict:
     log = log_dir / f"{job.key.replace(':', '_')}.log"
     cmd = [sys.executable, "-m", "bench.worker", "--stage", job.stage, "--task", ",".join(job.tasks), "--json",
-           "--model", str(args.model), "--options", json.dumps(job.options), "--log", str(log)]
+           "--model", str(job.model or args.model), "--options", json.dumps(job.options), "--log", str(log)]
     cmd += ["--quick"] * args.quick + ["--gpu"] * args.gpu
     env = dict(os.environ, TQDM_DISABLE="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0, foreign = time.perf_counter(), ForeignCPU()
@@ -198,9 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: bench/results)")
+    ap.add_argument("--rerun-busy", type=int, default=None, metavar="N",
+                    help="measure again up to N jobs during which other processes used > 15%% of the CPUs, keeping "
+                         "the quieter run (default: all of them in a full run, none with --quick)")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per worker (default: 600 quick, 3600 full)")
     args = ap.parse_args(argv)
     args.timeout = args.timeout or (600 if args.quick else 3600)
+    if args.rerun_busy is None:
+        args.rerun_busy = 0 if args.quick else 1000
     t_start = time.perf_counter()
 
     gpus = _gpus() if args.gpu else []
@@ -248,6 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in rec:
             tqdm.write(f"[{job.key}] failed (log: {rec['log']}):\n  " + rec["error"].replace("\n", "\n  "))
     bar.close()
+    # On a shared machine a job can land in someone else's busy minute: measure those once more, keep the quieter.
+    busy = [job for job in jobs if "result" in results["jobs"][job.key]
+            and results["jobs"][job.key]["foreign_cpu"] > BUSY][: args.rerun_busy]
+    reruns = [job.key for job in busy]
+    for job in tqdm(busy, desc="rerun busy jobs", unit="job", dynamic_ncols=True):
+        rec, old = run_job(job, args, log_dir), results["jobs"][job.key]
+        if "result" in rec and rec["foreign_cpu"] < old["foreign_cpu"]:
+            rec["replaced_foreign_cpu"] = old["foreign_cpu"]
+            results["jobs"][job.key] = rec
 
     load_after = _load()
     start_load = float(load_before.split("/")[0])  # the end value includes this run's own threads
@@ -258,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         "device": "cuda" if args.gpu else "cpu", "threads": next(
             (r["result"]["threads"] for r in results["jobs"].values() if "result" in r), None),
         "load_before": load_before, "load_after": load_after, "total_s": time.perf_counter() - t_start,
-        "foreign_cpu": foreign.share(),
+        "foreign_cpu": foreign.share(), "reruns": reruns,
         "load_note": (f"the machine was busy (1-min load average {start_load:.1f} on "
                       f"{len(os.sched_getaffinity(0))} cores at the start): timings are noisy")
         if start_load >= 1.5 else "",
-        "busy_jobs": [k for k, r in results["jobs"].items() if r["foreign_cpu"] > 0.15],
+        "busy_jobs": [k for k, r in results["jobs"].items() if r["foreign_cpu"] > BUSY],
         "json": f"{prefix}.json", "logs": str(log_dir),
     }
     results["meta"]["summary"] = (f"{machine}{' quick' if args.quick else ''}, {results['meta']['model']} "

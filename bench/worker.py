@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES, GenResult, launch_server, load_adapter, sync
+from .adapters import ENGINES, LLM_STAGES, ROOT, SERVER_STAGES, GenResult, launch_server, load_adapter, sync
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
 TASKS = ["prefill", "decode", "offline", "serve", "serve_offline", "shared_prefix", "long_prompt"]
@@ -254,7 +254,8 @@ def run(args: argparse.Namespace) -> dict:
     threads = physical_cores()
     torch.set_num_threads(threads)  # what the stages pick themselves: hyper-threads do not help GEMMs
     log = Path(args.log or tempfile.mktemp(prefix="bench-server-", suffix=".log"))
-    result: dict = {"stage": args.stage, "options": options, "threads": threads, "device": str(device), "tasks": {}}
+    result: dict = {"stage": args.stage, "model": os.path.relpath(args.model, ROOT), "options": options,
+                    "threads": threads, "device": str(device), "tasks": {}}
 
     w = offline_workload(args.gpu, args.quick, vocab)
     if args.gpu and sizes.slow_stage_seqs and args.stage == "stage0_tiny":

@@ -1,0 +1,297 @@
+"""Where the time of one offline `generate` goes: per step host time vs device time, and a kernel profile.
+
+    python -m bench.gpu_breakdown --gpu [--options '{"page_size": 16}'] [--json out.json] [--profile-step 200]
+
+Runs the offline workload of `python -m bench` (GPU: upstream's 256 requests) through `stage4_fast.LLM` twice:
+
+1. timed: every forward gets CUDA events on the engine stream (device time of the step: graph replay or eager
+   launches, sampling included) and host timers around the scheduler's parts (batch preparation, the forward
+   call, result processing, and inside it the wait for the step's tokens). Printed per phase and per decode
+   batch-size band: steps, tokens, device ms/step, host ms/step, host wait ms/step; overall wall time, device busy
+   time and idle time. Overlap scheduling hides host work behind the device only while host < device per step.
+2. profiled: the same run with torch.profiler around a few decode steps at step `--profile-step` (replayed CUDA
+   graphs) and the same number of steps run eagerly (graphs switched off for them): kernel time per step by kind
+   (GEMM, attention, everything else) and the top kernels.
+
+The engine is imported as `stage4_fast` from the path (set PYTHONPATH to compare another copy). On CPU (no --gpu)
+it runs the CPU workload and skips the device timers and the profile: a smoke test of the instrumentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from .workloads import offline_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+BANDS = [(1, 32), (33, 128), (129, 256), (257, 1 << 30)]
+
+
+class _TimedEvent:
+    """Stands in for a ForwardOutput's copy_done_event: measures how long the host waits on it."""
+
+    def __init__(self, event, sink: list) -> None:
+        self.event, self.sink = event, sink
+
+    def synchronize(self) -> None:
+        t0 = time.perf_counter()
+        self.event.synchronize()
+        self.sink.append(time.perf_counter() - t0)
+
+    def __getattr__(self, name):
+        return getattr(self.event, name)
+
+
+class Instrument:
+    def __init__(self, llm, cuda: bool) -> None:
+        self.llm, self.cuda = llm, cuda
+        self.steps: list[dict] = []
+        self.waits: list[float] = []
+        self.prepare_s: list[float] = []
+        self.process_s: list[float] = []
+        self.loop_s: list[float] = []
+        self.profile_at: int | None = None
+        self.profile_steps = 0
+        self.profiles: dict = {}
+        self._prof = None
+        engine = llm.engine
+        self._forward, self._prepare = engine.forward_batch, llm._prepare_batch
+        self._process, self._loop = llm._process_last_data, llm.overlap_loop
+        self._normal_loop, self._can_graph = llm.normal_loop, engine.graph_runner.can_use_cuda_graph
+        engine.forward_batch = self.forward_batch
+        llm._prepare_batch = self.timed(self._prepare, self.prepare_s)
+        llm._process_last_data = self.timed(self._process, self.process_s)
+        llm.overlap_loop = self.timed(self._loop, self.loop_s)
+        llm.normal_loop = self.timed(self._normal_loop, self.loop_s)
+        self.eager = False
+        engine.graph_runner.can_use_cuda_graph = lambda batch: (not self.eager) and self._can_graph(batch)
+
+    @staticmethod
+    def timed(fn, sink: list):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sink.append(time.perf_counter() - t0)
+
+        return wrapper
+
+    def reset(self) -> None:
+        for sink in (self.steps, self.waits, self.prepare_s, self.process_s, self.loop_s):
+            sink.clear()
+
+    def _profile_hook(self, index: int, before: bool) -> None:
+        """Profile steps [at, at + n) with graphs, then [at + n, at + 2n) eagerly (decode steps only)."""
+        at, n = self.profile_at, self.profile_steps
+        if at is None or not self.cuda or index < at or index >= at + 2 * n:
+            return
+        if before and index in (at, at + n):
+            self.eager = index == at + n
+            torch.cuda.synchronize()
+            self._prof = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            self._prof.__enter__()
+            self._t_prof = time.perf_counter()
+        if not before and index in (at + n - 1, at + 2 * n - 1):
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - self._t_prof
+            self._prof.__exit__(None, None, None)
+            self.profiles["eager" if self.eager else "graph"] = summarize_profile(self._prof, n, wall)
+            self.eager, self._prof = False, None
+
+    def forward_batch(self, batch, args):
+        index = len(self.steps)
+        self._profile_hook(index, before=True)
+        rec = {"phase": batch.phase, "bs": batch.size, "padded": len(getattr(batch, "padded_reqs", batch.reqs)),
+               "tokens": sum(r.extend_len for r in batch.reqs), "kv": sum(r.device_len for r in batch.reqs)}
+        if self.cuda:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+        t0 = time.perf_counter()
+        out = self._forward(batch, args)
+        rec["host_forward_s"] = time.perf_counter() - t0
+        if self.cuda:
+            end.record()
+            rec["_events"] = (start, end)
+        self.steps.append(rec)
+        self._profile_hook(index, before=False)
+        return out._replace(copy_done_event=_TimedEvent(out.copy_done_event, self.waits))
+
+    def finish(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        prev_end = None
+        for rec in self.steps:
+            events = rec.pop("_events", None)
+            if events is not None:
+                rec["device_s"] = events[0].elapsed_time(events[1]) / 1e3
+                rec["gap_before_s"] = prev_end.elapsed_time(events[0]) / 1e3 if prev_end is not None else 0.0
+                prev_end = events[1]
+
+
+def _self_device_us(evt) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(evt, name):
+            return float(getattr(evt, name))
+    return 0.0
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    if any(s in low for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")):
+        return "gemm"
+    if any(s in low for s in ("flashinfer", "batchdecode", "batchprefill", "prefill", "decode_split", "merge",
+                              "attention", "flash")):
+        return "attention"
+    return "other"
+
+
+def summarize_profile(prof, steps: int, wall: float) -> dict:
+    kernels = []
+    for evt in prof.key_averages():
+        us = _self_device_us(evt)
+        if us <= 0 or getattr(evt, "device_type", None) == torch.autograd.DeviceType.CPU and evt.key.startswith("aten"):
+            continue
+        if evt.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and not evt.key.startswith("Memcpy"):
+            continue  # host ops carry their kernels' time too; keep the kernels themselves
+        kernels.append({"name": evt.key, "kind": kernel_kind(evt.key), "us_per_step": us / steps,
+                        "calls_per_step": evt.count / steps})
+    kernels.sort(key=lambda k: -k["us_per_step"])
+    by_kind: dict = defaultdict(lambda: {"us_per_step": 0.0, "calls_per_step": 0.0})
+    for k in kernels:
+        by_kind[k["kind"]]["us_per_step"] += k["us_per_step"]
+        by_kind[k["kind"]]["calls_per_step"] += k["calls_per_step"]
+    return {"steps": steps, "wall_ms_per_step": wall * 1e3 / steps, "by_kind": dict(by_kind), "top": kernels[:25],
+            "kernel_us_per_step": sum(k["us_per_step"] for k in kernels),
+            "kernels_per_step": sum(k["calls_per_step"] for k in kernels)}
+
+
+def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
+    steps = inst.steps
+    cuda = inst.cuda
+
+    def agg(rows: list[dict]) -> dict:
+        n = max(len(rows), 1)
+        out = {"steps": len(rows), "tokens_out": sum(r["bs"] for r in rows),
+               "mean_bs": sum(r["bs"] for r in rows) / n, "mean_kv": sum(r["kv"] for r in rows) / n,
+               "host_forward_ms": 1e3 * sum(r["host_forward_s"] for r in rows) / n}
+        if cuda:
+            out["device_ms"] = 1e3 * sum(r["device_s"] for r in rows) / n
+            out["device_total_s"] = sum(r["device_s"] for r in rows)
+            out["gap_ms"] = 1e3 * sum(r["gap_before_s"] for r in rows) / n
+        return out
+
+    res = {"wall_s": wall, "output_tokens": output_tokens, "tok_s": output_tokens / wall, "steps": len(steps),
+           "host_loop_total_s": sum(inst.loop_s), "host_wait_total_s": sum(inst.waits),
+           "host_prepare_ms": 1e3 * sum(inst.prepare_s) / max(len(inst.prepare_s), 1),
+           "host_process_ms": 1e3 * (sum(inst.process_s) - sum(inst.waits)) / max(len(inst.process_s), 1),
+           "host_loop_ms": 1e3 * (sum(inst.loop_s) - sum(inst.waits)) / max(len(inst.loop_s), 1),
+           "prefill": agg([r for r in steps if r["phase"] == "prefill"]),
+           "decode": agg([r for r in steps if r["phase"] == "decode"]), "decode_bands": {}}
+    for lo, hi in BANDS:
+        rows = [r for r in steps if r["phase"] == "decode" and lo <= r["bs"] <= hi]
+        if rows:
+            res["decode_bands"][f"{lo}-{hi}"] = agg(rows)
+    if cuda:
+        res["device_busy_s"] = sum(r["device_s"] for r in steps)
+        res["device_idle_s"] = sum(r["gap_before_s"] for r in steps)
+    return res
+
+
+def report(name: str, s: dict) -> str:
+    lines = [f"== {name}: {s['output_tokens']:,} output tokens in {s['wall_s']:.2f} s = {s['tok_s']:,.0f} tok/s, "
+             f"{s['steps']} steps"]
+    if "device_busy_s" in s:
+        lines.append(f"   device busy {s['device_busy_s']:.2f} s (prefill {s['prefill'].get('device_total_s', 0):.2f}"
+                     f" s, decode {s['decode'].get('device_total_s', 0):.2f} s), device idle between steps "
+                     f"{s['device_idle_s']:.2f} s; host waited {s['host_wait_total_s']:.2f} s for tokens")
+    lines.append(f"   host per step (without waits): loop {s['host_loop_ms']:.2f} ms = prepare "
+                 f"{s['host_prepare_ms']:.2f} + process {s['host_process_ms']:.2f} + forward call + rest")
+    for label, a in [("prefill", s["prefill"]), ("decode", s["decode"])] + [
+            (f"decode bs {k}", v) for k, v in s["decode_bands"].items()]:
+        dev = f", device {a['device_ms']:.2f} ms/step, gap {a['gap_ms']:.2f} ms" if "device_ms" in a else ""
+        lines.append(f"   {label:18s} {a['steps']:5d} steps, mean bs {a['mean_bs']:6.1f}, mean kv/step "
+                     f"{a['mean_kv']:9.0f}, forward call {a['host_forward_ms']:.2f} ms{dev}")
+    for kind, p in s.get("profiles", {}).items():
+        lines.append(f"   profile ({kind}, {p['steps']} decode steps): wall {p['wall_ms_per_step']:.2f} ms/step "
+                     f"(profiler on), kernels {p['kernel_us_per_step'] / 1e3:.2f} ms/step in "
+                     f"{p['kernels_per_step']:.0f} kernels: "
+                     + ", ".join(f"{k} {v['us_per_step'] / 1e3:.2f} ms ({v['calls_per_step']:.0f})"
+                                 for k, v in sorted(p["by_kind"].items())))
+        for k in p["top"][:12]:
+            lines.append(f"      {k['us_per_step']:8.1f} us/step {k['calls_per_step']:6.0f}x  {k['kind']:9s} "
+                         f"{k['name'][:110]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_breakdown", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, upstream's 256 requests")
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--stage", default="stage4_fast")
+    ap.add_argument("--options", default="{}", help="LLM options as JSON")
+    ap.add_argument("--seqs", type=int, default=None, help="only the first N requests of the workload")
+    ap.add_argument("--profile-step", type=int, default=200, help="first profiled step (of the second run)")
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    model = args.model or ROOT / "models" / ("qwen3-0.6b-shape" if args.gpu else "SmolLM2-135M-Instruct")
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    w = offline_workload(args.gpu, False, vocab)
+    if args.seqs:
+        w = w.head(args.seqs)
+    dtype = torch.bfloat16 if args.gpu else torch.float32
+    options = json.loads(args.options)
+    label = args.label or f"{args.stage} {options or 'default'}"
+    t0 = time.perf_counter()
+    llm = importlib.import_module(f"{args.stage}.llm").LLM(str(model), dtype=dtype, **options)
+    params_cls = importlib.import_module(f"{args.stage}.core").SamplingParams
+    params = [params_cls(temperature=0.0, max_tokens=o, ignore_eos=True) for o in w.output_lens]
+    llm.generate([[1] * 16], [params_cls(max_tokens=4, ignore_eos=True)], use_tqdm=False)  # warm-up
+    print(f"[{label}] engine ready in {time.perf_counter() - t0:.1f} s; module {sys.modules[args.stage].__file__}",
+          flush=True)
+    inst = Instrument(llm, cuda=args.gpu)
+    out: dict = {"label": label, "options": options, "workload": w.note, "requests": len(w.prompts)}
+    inst.reset()
+    t0 = time.perf_counter()
+    results = llm.generate(w.prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    inst.finish()
+    wrong = sum(len(r["token_ids"]) != n for r, n in zip(results, w.output_lens))
+    out["timed"] = summarize(inst, wall, w.output_tokens)
+    out["timed"]["wrong_lengths"] = wrong
+    out["first_tokens"] = [r["token_ids"][:8] for r in results[:4]]
+    print(report(f"{label} (timed)", out["timed"]), flush=True)
+    if args.gpu and not args.no_profile:
+        inst.reset()
+        inst.profile_at, inst.profile_steps = args.profile_step, args.profile_steps
+        t0 = time.perf_counter()
+        with contextlib.redirect_stderr(sys.stderr):
+            llm.generate(w.prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        inst.finish()
+        out["profiled"] = summarize(inst, wall, w.output_tokens)
+        out["profiled"]["profiles"] = inst.profiles
+        print(report(f"{label} (second run, profiler on for {2 * args.profile_steps} steps)", out["profiled"]),
+              flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    llm.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
