@@ -4,9 +4,13 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from .topk import apply_weights_on_input, fused_topk
+
 
 class BaseMoeBackend(ABC):
-    @abstractmethod
+    """Routing is the same for every backend (top-k as HF, optional renormalisation); a backend only says how the
+    chosen experts run (`experts`)."""
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -20,3 +24,14 @@ class BaseMoeBackend(ABC):
     ) -> torch.Tensor:
         """hidden [M, H], w1 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], router logits [M, E] -> [M, H]:
         this rank's partial sum when the experts' intermediate dim is sharded (the caller all-reduces)."""
+        weights, ids = fused_topk(hidden_states, gating_output, topk, renormalize)
+        if apply_router_weight_on_input:
+            hidden_states, weights = apply_weights_on_input(hidden_states, weights)
+        return self.experts(hidden_states, w1, w2, weights, ids, activation)
+
+    @abstractmethod
+    def experts(
+        self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor, activation: str,
+    ) -> torch.Tensor:
+        """Each token through its top-k experts ([M, k] ids and weights), weighted and summed -> [M, H]."""

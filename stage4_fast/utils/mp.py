@@ -49,6 +49,24 @@ class _Queue:
         self.context.term()
 
 
+class _SyncReceiver(_Queue, Generic[T]):
+    """The receiving end shared by PULL and SUB: messages are decoded with the queue's `decoder`."""
+
+    decoder: Callable[[Any], T]
+
+    def get(self) -> T:
+        return self.decode(self.get_raw())
+
+    def get_raw(self) -> bytes:
+        return self.socket.recv()
+
+    def decode(self, raw: bytes) -> T:
+        return _unpack(self.decoder, raw)
+
+    def empty(self) -> bool:
+        return self.socket.poll(timeout=0) == 0
+
+
 class ZmqPushQueue(_Queue, Generic[T]):
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
         self.context = zmq.Context()
@@ -74,23 +92,12 @@ class ZmqAsyncPushQueue(_Queue, Generic[T]):
         self.socket.send(_pack(self.encoder, obj), copy=False, flags=zmq.NOBLOCK)
 
 
-class ZmqPullQueue(_Queue, Generic[T]):
+class ZmqPullQueue(_SyncReceiver[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
         self.context = zmq.Context()
         self.socket = _open(self.context, zmq.PULL, addr, create)
         self.decoder = decoder
 
-    def get(self) -> T:
-        return self.decode(self.get_raw())
-
-    def get_raw(self) -> bytes:
-        return self.socket.recv()
-
-    def decode(self, raw: bytes) -> T:
-        return _unpack(self.decoder, raw)
-
-    def empty(self) -> bool:
-        return self.socket.poll(timeout=0) == 0
 
 
 class ZmqAsyncPullQueue(_Queue, Generic[T]):
@@ -141,7 +148,7 @@ class ZmqPubQueue(_Queue, Generic[T]):
         self.put_raw(_pack(self.encoder, obj))
 
 
-class ZmqSubQueue(_Queue, Generic[T]):
+class ZmqSubQueue(_SyncReceiver[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.SUB)
@@ -154,14 +161,3 @@ class ZmqSubQueue(_Queue, Generic[T]):
             self.socket.connect(addr)
         self.decoder = decoder
 
-    def get(self) -> T:
-        return self.decode(self.get_raw())
-
-    def get_raw(self) -> bytes:
-        return self.socket.recv()
-
-    def decode(self, raw: bytes) -> T:
-        return _unpack(self.decoder, raw)
-
-    def empty(self) -> bool:
-        return self.socket.poll(timeout=0) == 0
