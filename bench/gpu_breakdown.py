@@ -73,7 +73,15 @@ class Instrument:
         llm.overlap_loop = self.timed(self._loop, self.loop_s)
         llm.normal_loop = self.timed(self._normal_loop, self.loop_s)
         self.eager = False
-        engine.graph_runner.can_use_cuda_graph = lambda batch: (not self.eager) and self._can_graph(batch)
+        engine.graph_runner.can_use_cuda_graph = self.can_use_cuda_graph
+
+    def can_use_cuda_graph(self, batch) -> bool:
+        """Graphs off inside the eager profile window. A batch prepared (not padded) while graphs were off and
+        run after the window stays eager too."""
+        if self.eager or not self._can_graph(batch):
+            return False
+        padded = getattr(batch, "padded_reqs", None)  # not set yet while pad_batch asks
+        return padded is None or len(padded) in self.llm.engine.graph_runner.graph_map
 
     @staticmethod
     def timed(fn, sink: list):
@@ -89,6 +97,11 @@ class Instrument:
     def reset(self) -> None:
         for sink in (self.steps, self.waits, self.prepare_s, self.process_s, self.loop_s):
             sink.clear()
+        self.t_ref = time.perf_counter()  # host and device clocks meet here (the device is idle between runs)
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.ref = torch.cuda.Event(enable_timing=True)
+            self.ref.record()
 
     def _profile_hook(self, index: int, before: bool) -> None:
         """Profile steps [at, at + n) with graphs, then [at + n, at + 2n) eagerly (decode steps only)."""
@@ -106,7 +119,11 @@ class Instrument:
             torch.cuda.synchronize()
             wall = time.perf_counter() - self._t_prof
             self._prof.__exit__(None, None, None)
-            self.profiles["eager" if self.eager else "graph"] = summarize_profile(self._prof, n, wall)
+            prof = summarize_profile(self._prof, n, wall)
+            rows = self.steps[index - n + 1 : index + 1]
+            prof["mean_bs"] = sum(r["bs"] for r in rows) / n
+            prof["mean_kv_tokens"] = sum(r["kv"] for r in rows) / n  # KV tokens attended per step (all requests)
+            self.profiles["eager" if self.eager else "graph"] = prof
             self.eager, self._prof = False, None
 
     def forward_batch(self, batch, args):
@@ -118,6 +135,7 @@ class Instrument:
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             start.record()
         t0 = time.perf_counter()
+        rec["t_launch_s"] = t0 - self.t_ref
         out = self._forward(batch, args)
         rec["host_forward_s"] = time.perf_counter() - t0
         if self.cuda:
@@ -136,6 +154,7 @@ class Instrument:
             if events is not None:
                 rec["device_s"] = events[0].elapsed_time(events[1]) / 1e3
                 rec["gap_before_s"] = prev_end.elapsed_time(events[0]) / 1e3 if prev_end is not None else 0.0
+                rec["dev_start_s"] = self.ref.elapsed_time(events[0]) / 1e3
                 prev_end = events[1]
 
 
@@ -160,10 +179,8 @@ def summarize_profile(prof, steps: int, wall: float) -> dict:
     kernels = []
     for evt in prof.key_averages():
         us = _self_device_us(evt)
-        if us <= 0 or getattr(evt, "device_type", None) == torch.autograd.DeviceType.CPU and evt.key.startswith("aten"):
-            continue
-        if evt.key.startswith(("aten::", "cuda", "Memcpy", "Memset")) and not evt.key.startswith("Memcpy"):
-            continue  # host ops carry their kernels' time too; keep the kernels themselves
+        if us <= 0 or getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue  # host ops: their kernels are listed themselves
         kernels.append({"name": evt.key, "kind": kernel_kind(evt.key), "us_per_step": us / steps,
                         "calls_per_step": evt.count / steps})
     kernels.sort(key=lambda k: -k["us_per_step"])
@@ -184,13 +201,16 @@ def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
         n = max(len(rows), 1)
         out = {"steps": len(rows), "tokens_out": sum(r["bs"] for r in rows),
                "mean_bs": sum(r["bs"] for r in rows) / n, "mean_kv": sum(r["kv"] for r in rows) / n,
-               "host_forward_ms": 1e3 * sum(r["host_forward_s"] for r in rows) / n}
+               "host_forward_ms": 1e3 * sum(r["host_forward_s"] for r in rows) / n,
+               "host_interval_ms": 1e3 * sum(r["host_interval_s"] for r in rows) / n}
         if cuda:
             out["device_ms"] = 1e3 * sum(r["device_s"] for r in rows) / n
             out["device_total_s"] = sum(r["device_s"] for r in rows)
             out["gap_ms"] = 1e3 * sum(r["gap_before_s"] for r in rows) / n
         return out
 
+    for i, r in enumerate(steps):  # host time from this launch to the next (what the host spent per step)
+        r["host_interval_s"] = steps[i + 1]["t_launch_s"] - r["t_launch_s"] if i + 1 < len(steps) else 0.0
     res = {"wall_s": wall, "output_tokens": output_tokens, "tok_s": output_tokens / wall, "steps": len(steps),
            "host_loop_total_s": sum(inst.loop_s), "host_wait_total_s": sum(inst.waits),
            "host_prepare_ms": 1e3 * sum(inst.prepare_s) / max(len(inst.prepare_s), 1),
@@ -205,6 +225,14 @@ def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
     if cuda:
         res["device_busy_s"] = sum(r["device_s"] for r in steps)
         res["device_idle_s"] = sum(r["gap_before_s"] for r in steps)
+        big = sorted(range(len(steps)), key=lambda i: -steps[i]["gap_before_s"])[:8]
+        res["largest_gaps"] = [{"step": i, "phase": steps[i]["phase"], "bs": steps[i]["bs"],
+                                "gap_ms": 1e3 * steps[i]["gap_before_s"],
+                                "prev_host_interval_ms": 1e3 * steps[i - 1]["host_interval_s"] if i else 0.0}
+                               for i in big]
+        # one compact row per step: phase (1 = prefill), bs, kv tokens, host launch, device start, device ms
+        res["step_rows"] = [[int(r["phase"] == "prefill"), r["bs"], r["kv"], round(1e3 * r["t_launch_s"], 3),
+                             round(1e3 * r["dev_start_s"], 3), round(1e3 * r["device_s"], 3)] for r in steps]
     return res
 
 
@@ -221,9 +249,14 @@ def report(name: str, s: dict) -> str:
             (f"decode bs {k}", v) for k, v in s["decode_bands"].items()]:
         dev = f", device {a['device_ms']:.2f} ms/step, gap {a['gap_ms']:.2f} ms" if "device_ms" in a else ""
         lines.append(f"   {label:18s} {a['steps']:5d} steps, mean bs {a['mean_bs']:6.1f}, mean kv/step "
-                     f"{a['mean_kv']:9.0f}, forward call {a['host_forward_ms']:.2f} ms{dev}")
+                     f"{a['mean_kv']:9.0f}, host {a['host_interval_ms']:.2f} ms/step (forward call "
+                     f"{a['host_forward_ms']:.2f}){dev}")
+    if s.get("largest_gaps"):
+        lines.append("   largest device gaps: " + "; ".join(
+            f"step {g['step']} ({g['phase']}, bs {g['bs']}): {g['gap_ms']:.1f} ms" for g in s["largest_gaps"]))
     for kind, p in s.get("profiles", {}).items():
-        lines.append(f"   profile ({kind}, {p['steps']} decode steps): wall {p['wall_ms_per_step']:.2f} ms/step "
+        lines.append(f"   profile ({kind}, {p['steps']} steps at bs {p['mean_bs']:.0f}, {p['mean_kv_tokens']:,.0f} KV "
+                     f"tokens/step): wall {p['wall_ms_per_step']:.2f} ms/step "
                      f"(profiler on), kernels {p['kernel_us_per_step'] / 1e3:.2f} ms/step in "
                      f"{p['kernels_per_step']:.0f} kernels: "
                      + ", ".join(f"{k} {v['us_per_step'] / 1e3:.2f} ms ({v['calls_per_step']:.0f})"
@@ -245,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-step", type=int, default=200, help="first profiled step (of the second run)")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="override a module constant before the engine starts (e.g. "
+                         "stage4_fast.kernel.triton_attention.DECODE_BLOCK_N=128), for A/B runs")
     ap.add_argument("--label", default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -256,8 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.gpu else torch.float32
     options = json.loads(args.options)
     label = args.label or f"{args.stage} {options or 'default'}"
+    for item in args.set:
+        target, value = item.split("=", 1)
+        module, name = target.rsplit(".", 1)
+        mod = importlib.import_module(module)
+        setattr(mod, name, type(getattr(mod, name))(value))
+        options[f"set:{target}"] = value  # recorded with the results (not an engine option)
+    engine_options = {k: v for k, v in options.items() if not k.startswith("set:")}
     t0 = time.perf_counter()
-    llm = importlib.import_module(f"{args.stage}.llm").LLM(str(model), dtype=dtype, **options)
+    llm = importlib.import_module(f"{args.stage}.llm").LLM(str(model), dtype=dtype, **engine_options)
     params_cls = importlib.import_module(f"{args.stage}.core").SamplingParams
     params = [params_cls(temperature=0.0, max_tokens=o, ignore_eos=True) for o in w.output_lens]
     llm.generate([[1] * 16], [params_cls(max_tokens=4, ignore_eos=True)], use_tqdm=False)  # warm-up

@@ -131,6 +131,8 @@ def ablation_rows(results: dict) -> list[dict]:
         x, y = _task(results, "abl:graph:off", "decode"), _task(results, "abl:graph:on", "decode")
         if x and y:
             out[-1]["effect"] += f"; single-stream decode {x['tok_s']:,.0f} → {y['tok_s']:,.0f} tok/s"
+    if "abl:attn:triton" in results["jobs"]:
+        throughput("attention backend", "abl:attn:triton", "abl:attn:fi", "offline", "triton", "fi")
     if "abl:tp:1" in results["jobs"]:
         throughput("tensor parallel (server)", "abl:tp:1", "abl:tp:2", "serve_offline", "TP 1", "TP 2")
     return out

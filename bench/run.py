@@ -62,7 +62,8 @@ def resolve_stages(names: list[str]) -> list[str]:
 def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[Job], str | None, list[str]]:
     sizes = SIZES["gpu" if args.gpu else "cpu", args.quick]
     jobs = [Job(f"main:{e}", e, ["prefill", "decode", "offline"]) for e in engines]
-    jobs += [Job(f"serve:{e}", e, ["serve"]) for e in engines if e in SERVER_STAGES]
+    if not args.no_serve:
+        jobs += [Job(f"serve:{e}", e, ["serve"]) for e in engines if e in SERVER_STAGES]
     notes: list[str] = []
     llm_stages = [e for e in engines if e in LLM_STAGES]
     a = args.ablation_stage or (llm_stages[-1] if llm_stages else None)
@@ -87,6 +88,9 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
         if args.gpu:
             jobs += [Job("abl:graph:off", "stage4_fast", ["decode", "offline"], {"cuda_graph_max_bs": 0}),
                      Job("abl:graph:on", "stage4_fast", ["decode", "offline"])]
+            # the GPU attention backends on the same workload: our Triton kernels vs FlashInfer (GPU only)
+            jobs += [Job(f"abl:attn:{b}", "stage4_fast", ["offline"], {"attention_backend": b})
+                     for b in ("triton", "fi")]
         else:
             notes.append("CUDA graph on/off: GPU only")
         tp_model = _tp_model(args.model, 2)
@@ -98,6 +102,15 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             jobs += [Job(f"abl:tp:{tp}", "stage4_fast", ["serve_offline"], {"tp": tp}, tp_model) for tp in (1, 2)]
     else:
         notes.append("CUDA graph on/off and TP 1 vs 2: need stage4_fast")
+    if args.ablations is not None:  # a subset: keep the main jobs and the chosen ablation groups
+        chosen = set(args.ablations)
+        unknown = chosen - {j.key.split(":")[1] for j in jobs if j.key.startswith("abl:")}
+        if unknown:
+            raise SystemExit(f"--ablations: {sorted(unknown)} not available in this run")
+        dropped = sorted({j.key.split(":")[1] for j in jobs if j.key.startswith("abl:")} - chosen)
+        jobs = [j for j in jobs if not j.key.startswith("abl:") or j.key.split(":")[1] in chosen]
+        if dropped:
+            notes.append(f"ablations not chosen (--ablations): {', '.join(dropped)}")
     return jobs, a, notes
 
 
@@ -216,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation-stage", default=None, choices=LLM_STAGES,
                     help="stage the ablations run on (default: the newest stage2+ in the run)")
     ap.add_argument("--no-ablations", action="store_true")
+    ap.add_argument("--ablations", nargs="+", default=None, metavar="NAME",
+                    help="run only these ablation groups: radix chunked overlap page graph attn tp (default: all)")
+    ap.add_argument("--no-serve", action="store_true", help="skip the server jobs (TTFT / ITL)")
     ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: bench/results)")
     ap.add_argument("--rerun-busy", type=int, default=None, metavar="N",
@@ -287,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     start_load = float(load_before.split("/")[0])  # the end value includes this run's own threads
     results["meta"] = {
         "machine": machine, "quick": args.quick, "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "command": "python -m bench " + " ".join(argv), "hardware": _hardware(gpus), "versions": _versions(),
+        "command": " ".join(["python -m bench", *argv]), "hardware": _hardware(gpus), "versions": _versions(),
         "git": _git(), "model": os.path.relpath(args.model, ROOT), "dtype": "bfloat16" if args.gpu else "float32",
         "device": "cuda" if args.gpu else "cpu", "threads": next(
             (r["result"]["threads"] for r in results["jobs"].values() if "result" in r), None),

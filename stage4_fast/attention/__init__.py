@@ -70,14 +70,16 @@ def _installed(module: str) -> bool:
 
 
 def resolve_auto_backend(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
-    """What "auto" means here. CPU: the torch reference. GPU: FlashInfer for decode when installed (upstream's
-    sm90 choice is "fa,fi"; we take FA 4 for prefill on sm90+ only when its package is present), else Triton.
-    FlashInfer and FlashAttention compute in 16-bit only, so an fp32 engine gets Triton."""
+    """What "auto" means here. CPU: the torch reference. GPU: our Triton kernels, with FA 4 for prefill on sm90+
+    when its package is present. Upstream's sm90 choice is "fa,fi"; on the H200 our Triton decode kernel read the
+    paged KV faster than FlashInfer's decode (upstream's offline workload: 24.6k vs 22.2k output tok/s end to end,
+    bench/gpu_notes.md), so FlashInfer is no longer picked by itself: ask for it with "fi". FlashInfer and
+    FlashAttention compute in 16-bit only; an fp32 engine gets Triton as well."""
     if device.type != "cuda":
         return "torch"
     if dtype not in (torch.float16, torch.bfloat16):
         return "triton"
-    decode = "fi" if _installed("flashinfer") else "triton"
+    decode = "triton"
     prefill = decode
     if _installed("flash_attn.cute") and torch.cuda.get_device_capability(device)[0] >= 9:
         prefill = "fa"

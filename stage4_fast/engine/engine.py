@@ -119,6 +119,7 @@ class Engine:
                 max_seq_len=self.max_seq_len,
                 vocab_size=model_config.vocab_size,
                 dummy_req=self.dummy_req,
+                logits_dtype=config.dtype,
             )
         logger.info(
             "rank %d/%d on %s: attention %s, MoE %s, %s graphs for batch sizes up to %d, %d KV pages of %d",

@@ -36,4 +36,14 @@ def indexing(weights: torch.Tensor, indices: torch.Tensor, *, output: torch.Tens
     return output
 
 
-__all__ = ["indexing", "load_cuda_kernels", "store_cache"]
+def fused_kernels_for(x: torch.Tensor):
+    """The fused Triton element-wise kernels (``triton_fused``) when they apply to activation ``x`` (a CUDA tensor
+    in bf16/fp16, not switched off), else None: callers then take the PyTorch path. Triton is imported only here."""
+    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
+        return None
+    from . import triton_fused
+
+    return triton_fused if triton_fused.fused_enabled(x) else None
+
+
+__all__ = ["fused_kernels_for", "indexing", "load_cuda_kernels", "store_cache"]

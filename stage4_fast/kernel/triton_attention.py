@@ -170,21 +170,37 @@ def _prefill_kernel(
 
 
 def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132) -> int:
-    """Split-K factor: enough programs to fill the GPU about twice. It depends on the batch size only, so one
-    captured graph per batch size stays valid."""
+    """Split-K factor: about DECODE_PROGRAMS_PER_SM programs per SM, so small batches of long sequences still
+    stream the KV at full bandwidth. It depends on the batch size only, so one captured graph per batch size
+    stays valid."""
     if _interpreting():
         return min(2, max_splits)  # exercise the merge path, cheaply
-    return max(1, min(max_splits, math.ceil(2 * num_sms / max(1, batch_size * num_kv_heads))))
+    programs = DECODE_PROGRAMS_PER_SM * num_sms
+    return max(1, min(max_splits, math.ceil(programs / max(1, batch_size * num_kv_heads))))
+
+
+# Launch parameters of the decode kernel on a GPU, from a sweep on the H200 at the upstream offline workload's
+# shapes and slot layout (bench/gpu_notes.md): 128-key blocks, 4 warps, 2 stages read the KV at 3.75 TB/s at
+# batch 218 (64 / 4 / 3: 3.63 TB/s).
+DECODE_BLOCK_N = 128
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 2
+DECODE_LAUNCH_FP32 = (64, 4, 3)  # fp32 K/V tiles are twice as large: 128-key blocks would not fit shared memory
+# split-K target: about this many programs per SM (batch x KV heads x splits); the same sweep found ~1,500
+# programs on 132 SMs best at every batch size (batch 23: 8 splits, 2.61 TB/s, where 2 splits gave 1.82 TB/s)
+DECODE_PROGRAMS_PER_SM = 11
 
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
+    block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D]; page_table [rows, width] int32 token slots;
     table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D] / ``mid_lse`` [B', Hq, S'] fp32 scratch may be
-    passed in (fixed buffers for CUDA graphs)."""
+    passed in (fixed buffers for CUDA graphs). block_n / num_warps / num_stages override the GPU launch defaults
+    (benchmarks)."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -195,7 +211,9 @@ def decode_attention(
         return out
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))
-    block_n = 16 if _interpreting() else 64
+    dflt = DECODE_LAUNCH_FP32 if q.dtype == torch.float32 else (DECODE_BLOCK_N, DECODE_NUM_WARPS, DECODE_NUM_STAGES)
+    block_n = 16 if _interpreting() else (block_n or dflt[0])
+    launch = {} if _interpreting() else dict(num_warps=num_warps or dflt[1], num_stages=num_stages or dflt[2])
     direct = num_splits == 1
     if not direct:
         if mid_o is None:
@@ -213,7 +231,7 @@ def decode_attention(
         page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
         sm_scale, num_splits,
         GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=_dot_precision(q.dtype), **launch,
     )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](

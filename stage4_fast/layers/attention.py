@@ -6,6 +6,7 @@ import torch
 
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
+from ..kernel import fused_kernels_for
 from ..utils import div_even
 from .base import StateLessOP
 from .norm import RMSNorm
@@ -49,14 +50,31 @@ class AttentionLayer(StateLessOP):
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         ctx = get_global_ctx()
+        T, Hkv, D = qkv.shape[0], self.num_kv_heads, self.head_dim
+        if (fused := fused_kernels_for(qkv)) is not None and qkv.stride(-1) == 1:
+            # 16-bit on a GPU: q/k norm and RoPE in one kernel that writes q and k contiguous
+            q, k = self._fused_qk(fused, qkv, ctx.batch.positions)
+        else:
+            q, k = self._qk(qkv, ctx.batch.positions)
+        v = qkv[:, self.qo_attn_dim + self.kv_attn_dim :].view(T, Hkv, D)
+        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        return o.view(T, self.qo_attn_dim)
+
+    def _fused_qk(self, fused, qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        qn, kn = self._q_norm, self._k_norm
+        has_norm = qn is not None and kn is not None
+        eps = qn.eps if has_norm else 0.0
+        assert not has_norm or kn.eps == eps
+        return fused.qk_norm_rope(qkv, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+                                  qn.weight if has_norm else None, kn.weight if has_norm else None, eps,
+                                  self.rotary.cos_sin_cache, positions)
+
+    def _qk(self, qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, Hq, Hkv, D = qkv.shape[0], self.num_qo_heads, self.num_kv_heads, self.head_dim
         if self._q_norm is not None and self._k_norm is not None:
             q, k, _ = qkv.split([self.qo_attn_dim, self.kv_attn_dim, self.kv_attn_dim], dim=-1)
             qk = torch.cat([self._q_norm.forward(q.view(T, Hq, D)), self._k_norm.forward(k.view(T, Hkv, D))], dim=1)
         else:
             qk = qkv[:, : self.qo_attn_dim + self.kv_attn_dim].view(T, Hq + Hkv, D)
-        qk, _ = self.rotary.forward(ctx.batch.positions, qk)  # q and k heads rotated in one pass
-        q, k = qk[:, :Hq], qk[:, Hq:]
-        v = qkv[:, self.qo_attn_dim + self.kv_attn_dim :].view(T, Hkv, D)
-        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
-        return o.view(T, self.qo_attn_dim)
+        qk, _ = self.rotary.forward(positions, qk)  # q and k heads rotated in one pass
+        return qk[:, :Hq], qk[:, Hq:]

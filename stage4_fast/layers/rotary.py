@@ -67,6 +67,11 @@ class RotaryEmbedding(StateLessOP):
         # bypassed while a CUDA graph is being captured (the gather must be part of the graph).
         self._memo: Tuple[torch.Tensor, int, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
+    @property
+    def cos_sin_cache(self) -> torch.Tensor:
+        """[max_pos, rotary_dim] fp32: cos | sin of every position (what the fused GPU kernel reads)."""
+        return self._cos_sin_cache
+
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
         """[T, 1, rotary_dim] tables (cos | cos) and (-sin | sin) for these positions, so that rotating is
         x * cos + roll(x, d/2) * sin: the same products and sums as HF's q * cos + rotate_half(q) * sin."""

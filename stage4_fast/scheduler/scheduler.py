@@ -246,7 +246,7 @@ class Scheduler(SchedulerIOMixin):
                 if batch.is_prefill:  # the request's first token: report what its prompt cost
                     msg.prompt_tokens = len(req.input_ids)
                     msg.cached_tokens = self._cached_prompt.pop(req.uid, 0)
-                req.append_host(tokens_cpu[i : i + 1])
+                req.append_host(token)
                 params = req.sampling_params
                 stopped = (token == self.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids
                 finished = stopped or length_finished[i]

@@ -1,0 +1,120 @@
+"""Triton decode-attention launch sweep on a GPU at the upstream workload's real shapes and slot layout (one layer).
+
+    python -m bench.gpu_decode_sweep [--json out.json]
+
+Layout as the engine allocates with page size 1: each prompt's slots contiguous, in admission order, then every
+decode step takes one slot per running request from the front of the free list (so decode tokens interleave).
+Shapes: the running requests at decode steps 200, 600 and 950 (Qwen3-0.6B: 16 q heads, 8 KV heads, dim 128, bf16).
+Prints the fastest launch configurations (block of keys, warps, stages, split count) per shape in TB/s of KV read,
+the best configuration summed over the three shapes, and the fused q/k norm + RoPE kernel's time at batch 224.
+This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (bench/gpu_notes.md).
+"""
+import argparse
+import functools
+import itertools
+import json
+
+import torch
+import triton
+
+from stage4_fast.kernel import triton_attention as ta
+from stage4_fast.kernel import triton_fused as tf
+
+from .workloads import offline_upstream
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_decode_sweep", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None, help="write every timing here")
+    args = ap.parse_args()
+
+    dev = "cuda"
+    w = offline_upstream()
+    P = [len(p) for p in w.prompts]
+    OUT_LENS = w.output_lens
+    HQ, HKV, D = 16, 8, 128
+    total_p = sum(P)
+    starts = [sum(P[:i]) for i in range(len(P))]
+    max_step = 1024
+    slots_needed = total_p + 256 * (max_step + 1)
+    k = torch.randn(slots_needed, HKV, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(slots_needed, HKV, D, device=dev, dtype=torch.bfloat16)
+    width = 40960
+    page_table = torch.zeros(257, width, dtype=torch.int32, device=dev)
+    for i in range(256):
+        row = list(range(starts[i], starts[i] + P[i])) + [total_p + t * 256 + i for t in range(OUT_LENS[i])]
+        page_table[i, : len(row)] = torch.tensor(row, dtype=torch.int32, device=dev)
+
+    def shape(step: int):
+        running = [i for i in range(256) if OUT_LENS[i] > step]
+        lens = [P[i] + step + 1 for i in running]
+        return running, lens
+
+    current = (ta.DECODE_BLOCK_N, ta.DECODE_NUM_WARPS, ta.DECODE_NUM_STAGES)  # the engine's launch now
+    results = []
+    configs = list(itertools.product([32, 64, 128], [2, 4, 8], [2, 3, 4]))
+    for step in (200, 600, 950):
+        running, lens = shape(step)
+        bs = len(running)
+        tidx = torch.tensor(running, dtype=torch.int32, device=dev)
+        seq = torch.tensor(lens, dtype=torch.int32, device=dev)
+        q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
+        nbytes = sum(lens) * HKV * D * 2 * 2
+        base_splits = ta.decode_num_splits(bs, HKV, 16, 132)
+        split_opts = sorted({base_splits, 1, 2 * base_splits, 4 * base_splits} & set(range(1, 17)))
+        for splits in split_opts:
+            mid_o = torch.empty(bs, HQ, 16, D, device=dev, dtype=torch.float32)
+            mid_lse = torch.empty(bs, HQ, 16, device=dev, dtype=torch.float32)
+            ref = ta.decode_attention(q, k, v, page_table, tidx, seq, D**-0.5, 1)
+            for bn, nw, ns in configs:
+                try:
+                    fn = functools.partial(ta.decode_attention, q, k, v, page_table, tidx, seq, D**-0.5, splits,
+                                           mid_o=mid_o, mid_lse=mid_lse, block_n=bn, num_warps=nw, num_stages=ns)
+                    out = fn()
+                    err = (out.float() - ref.float()).abs().max().item()
+                    ms = triton.testing.do_bench(fn, warmup=10, rep=40)
+                except Exception as e:  # noqa: BLE001
+                    print(f"step {step} bs {bs} splits {splits} bn {bn} w {nw} s {ns}: {type(e).__name__} {e}"[:200])
+                    continue
+                r = dict(step=step, bs=bs, kv=sum(lens), splits=splits, block_n=bn, warps=nw, stages=ns, us=ms * 1e3,
+                         tbs=nbytes / (ms * 1e-3) / 1e12, err=err,
+                         default=(bn, nw, ns) == current and splits == base_splits)
+                results.append(r)
+        rows = [r for r in results if r["step"] == step]
+        rows.sort(key=lambda r: r["us"])
+        d = next((r for r in rows if r["default"]), None)
+        print(f"== step {step}: bs {bs}, {sum(lens):,} KV tokens, {nbytes / 1e9:.2f} GB/layer; engine splits "
+              f"{base_splits}; current {d['us']:.1f} us = {d['tbs']:.2f} TB/s" if d else "")
+        for r in rows[:8]:
+            print(f"   {r['us']:7.1f} us {r['tbs']:5.2f} TB/s  splits {r['splits']:2d} block_n {r['block_n']:3d} "
+                  f"warps {r['warps']} stages {r['stages']}  err {r['err']:.3g}")
+
+    # the whole-run view: each config's summed time over the three shapes (weights ~ steps spent near each shape)
+    agg = {}
+    for r in results:
+        if r["splits"] != ta.decode_num_splits(r["bs"], HKV, 16, 132):
+            continue
+        agg.setdefault((r["block_n"], r["warps"], r["stages"]), []).append(r["us"])
+    ranked = sorted((sum(v), c) for c, v in agg.items() if len(v) == 3)
+    print("== sum over the three shapes (engine splits):")
+    for tot, c in ranked[:6]:
+        print(f"   {tot:7.1f} us  block_n {c[0]} warps {c[1]} stages {c[2]}")
+    print(f"   current {current}: {sum(agg[current]):.1f} us")
+
+    # fused q/k norm + rope at the decode shape (28 calls per step)
+    qkv = torch.randn(224, (HQ + 2 * HKV) * D, device=dev, dtype=torch.bfloat16)
+    wq = torch.ones(D, device=dev, dtype=torch.bfloat16)
+    cs = torch.randn(40960, D, device=dev)
+    pos = torch.randint(0, 2000, (224,), device=dev, dtype=torch.int32)
+    ms = triton.testing.do_bench(lambda: tf.qk_norm_rope(qkv, HQ, HKV, D, wq, wq, 1e-6, cs, pos), warmup=10, rep=40)
+    print(f"== qk_norm_rope at T=224: {ms * 1e3:.2f} us/call")
+    best = ranked[0][1]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "best": best}, f)
+    print("BEST", *best)
+
+
+if __name__ == "__main__":
+    main()

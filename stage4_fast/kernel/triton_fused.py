@@ -1,0 +1,163 @@
+"""Fused element-wise kernels for 16-bit GPU forwards: residual add + RMSNorm, per-head q/k RMSNorm + RoPE, and
+SiLU-and-mul, each one kernel where the PyTorch formulation launches 4 to 10.
+
+A decode step at batch 256 on the Qwen3-0.6B shape is ~1,300 tiny kernels, most of them these element-wise pieces,
+and inside a CUDA graph each still costs a few microseconds: together as much device time as the attention itself.
+
+The kernels round where PyTorch rounds, so they give the bits of the unfused bf16/fp16 path (HF's op order):
+* RMSNorm: normalise in fp32, round to the 16-bit dtype, multiply by the weight and round again;
+* residual add: one rounding of the fp32 sum;
+* RoPE: x * cos and rotate_half(x) * sin rounded separately, then their sum (cos/sin from the fp32 table,
+  rounded to the dtype first);
+* SiLU rounded before the multiply.
+Only the fp32 reduction order inside the norm differs (a last-bit difference before the rounding, rarely visible).
+
+The engine uses them only for CUDA tensors in bf16/fp16 (``fused_enabled``); fp32 and CPU keep the PyTorch path.
+``MINISGL_DISABLE_FUSED_KERNELS=1`` switches them off (for A/B measurements). The tests run them under Triton's
+interpreter on CPU against the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def fused_enabled(x: torch.Tensor) -> bool:
+    """True where the engine should take the fused kernels for this activation."""
+    if os.environ.get("MINISGL_DISABLE_FUSED_KERNELS", "0").lower() in ("1", "true", "yes"):
+        return False
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _add_rmsnorm_kernel(X, R, W, Out, stride_x, stride_r, stride_o, N, eps,
+                        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # one rounding, as torch's 16-bit add
+        tl.store(R + row * stride_r + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / N
+    y = (xf * tl.rsqrt(var + eps)).to(x.dtype)
+    w = tl.load(W + offs, mask=mask, other=0.0)
+    tl.store(Out + row * stride_o + offs, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) (residual None), or residual += x in place and rms_norm(residual). x, residual: [T, N]."""
+    assert x.dim() == 2 and x.stride(-1) == 1
+    T, N = x.shape
+    out = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(-1) == 1
+    r = residual if residual is not None else x
+    block = triton.next_power_of_2(N)
+    _add_rmsnorm_kernel[(T,)](x, r, weight, out, x.stride(0), r.stride(0), out.stride(0), N, eps,
+                              HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=4 if block >= 1024 else 2)
+    return out
+
+
+@triton.jit
+def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut,
+                         stride_t, stride_cs, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, eps,
+                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                         HAS_NORM: tl.constexpr):
+    """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half."""
+    t = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = D // 2
+    offs = tl.arange(0, HALF)
+    h = tl.arange(0, BLOCK_H)
+    h_mask = h < HQ + HKV
+    is_q = h < HQ
+    src = QKV + t * stride_t + h[:, None] * D + offs[None, :]
+    mask = h_mask[:, None]
+    x1 = tl.load(src, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0)
+    dtype = x1.dtype
+    if HAS_NORM:
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        var = (tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / D
+        inv = tl.rsqrt(var + eps)[:, None]
+        y1, y2 = (f1 * inv).to(dtype), (f2 * inv).to(dtype)
+        w1 = tl.where(is_q[:, None], tl.load(QW + offs)[None, :], tl.load(KW + offs)[None, :]).to(tl.float32)
+        w2 = tl.where(is_q[:, None], tl.load(QW + HALF + offs)[None, :],
+                      tl.load(KW + HALF + offs)[None, :]).to(tl.float32)
+        x1 = (w1 * y1.to(tl.float32)).to(dtype)
+        x2 = (w2 * y2.to(tl.float32)).to(dtype)
+    pos = tl.load(Pos + t).to(tl.int64)
+    cos = tl.load(CosSin + pos * stride_cs + offs).to(dtype).to(tl.float32)[None, :]
+    sin = tl.load(CosSin + pos * stride_cs + HALF + offs).to(dtype).to(tl.float32)[None, :]
+    a1 = x1.to(tl.float32)
+    a2 = x2.to(tl.float32)
+    # out = x * (cos | cos) + rotate_half(x) * (sin | sin), rotate_half(x) = (-x2 | x1); each product rounded
+    o1 = ((a1 * cos).to(dtype).to(tl.float32) - (a2 * sin).to(dtype).to(tl.float32)).to(dtype)
+    o2 = ((a2 * cos).to(dtype).to(tl.float32) + (a1 * sin).to(dtype).to(tl.float32)).to(dtype)
+    q_dst = QOut + t * stride_qo_t + h[:, None] * stride_qo_h + offs[None, :]
+    k_dst = KOut + t * stride_ko_t + (h[:, None] - HQ) * stride_ko_h + offs[None, :]
+    q_mask = is_q[:, None]
+    k_mask = (h_mask & ~is_q)[:, None]
+    tl.store(q_dst, o1, mask=q_mask)
+    tl.store(q_dst + HALF, o2, mask=q_mask)
+    tl.store(k_dst, o1, mask=k_mask)
+    tl.store(k_dst + HALF, o2, mask=k_mask)
+
+
+def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                 cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the fused qkv projection [T, (Hq + 2 Hkv) * D]: q [T, Hq, D] and k [T, Hkv, D], each head
+    RMS-normalised with its weight (when given) and rotated (neox halves) by the fp32 cos|sin table
+    [max_pos, D] at `positions`."""
+    assert qkv.dim() == 2 and qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
+    assert head_dim % 2 == 0 and (head_dim & (head_dim - 1)) == 0, "head_dim must be a power of two"
+    T = qkv.shape[0]
+    q = torch.empty(T, num_qo_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(T, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if T == 0:
+        return q, k
+    has_norm = q_weight is not None and k_weight is not None
+    qw = q_weight if has_norm else cos_sin_cache  # unused when there is no norm
+    kw = k_weight if has_norm else cos_sin_cache
+    block_h = triton.next_power_of_2(num_qo_heads + num_kv_heads)
+    _qk_norm_rope_kernel[(T,)](
+        qkv, qw, kw, cos_sin_cache, positions, q, k, qkv.stride(0), cos_sin_cache.stride(0),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps,
+        HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h, HAS_NORM=has_norm,
+        num_warps=4 if block_h * head_dim >= 2048 else 2,
+    )
+    return q, k
+
+
+@triton.jit
+def _silu_and_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.load(X + t * stride_x + offs, mask=mask, other=0.0)
+    u = tl.load(X + t * stride_x + N + offs, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+    tl.store(Out + t * stride_o + offs, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [T, 2N] = [gate | up] -> silu(gate) * up [T, N]."""
+    assert x.dim() == 2 and x.stride(-1) == 1 and x.shape[1] % 2 == 0
+    T, N = x.shape[0], x.shape[1] // 2
+    out = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(N))
+    _silu_and_mul_kernel[(T, triton.cdiv(N, block))](x, out, x.stride(0), out.stride(0), N, BLOCK=block,
+                                                     num_warps=4)
+    return out

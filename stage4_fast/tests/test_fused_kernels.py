@@ -1,0 +1,106 @@
+"""The fused element-wise Triton kernels against the PyTorch path they replace on a GPU (16-bit activations).
+
+They round where PyTorch rounds. On a GPU the norms and SiLU must give PyTorch's bits except where the fp32 sum of
+squares inside a norm lands differently (one ulp in a few elements); RoPE's two rounded products may come out one
+ulp apart before their sum, so it is checked to two ulps of the typical magnitude. On CPU the kernels run under
+Triton's interpreter, which rounds fp16 like the GPU but truncates when it narrows to bf16: there bf16 is checked
+to within four ulps."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the Triton kernels need the triton package (the [test] extra installs it)")
+
+from stage4_fast.kernel import fused_kernels_for, triton_fused  # noqa: E402
+from stage4_fast.layers.norm import rms_norm  # noqa: E402
+from stage4_fast.layers.rotary import RotaryEmbedding  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16]
+# CPU tensors only under the interpreter (conftest sets it when there is no GPU); compiled kernels need CUDA ones
+DEVICES = ["cpu"] if os.environ.get("TRITON_INTERPRET") == "1" else []
+DEVICES += ["cuda"] if torch.cuda.is_available() else []
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, cancelling: bool = False) -> None:
+    """GPU, and fp16 anywhere: PyTorch's bits but for one-ulp differences in at most 2 % of the elements.
+    bf16 under the interpreter (it truncates where the GPU rounds, up to three times in a row): within four ulps
+    of the larger of the value and the mean magnitude."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype and out.device == ref.device
+    truncating = out.dtype == torch.bfloat16 and not out.is_cuda
+    eps = torch.finfo(out.dtype).eps
+    out, ref = out.float().cpu(), ref.float().cpu()
+    diff = out != ref
+    if not diff.any():
+        return
+    # relative to the typical magnitude too where a difference of two rounded products can cancel (RoPE): there
+    # the compiled kernel may keep an intermediate in fp32 where PyTorch rounds it
+    ulps = 4 if truncating else 2 if cancelling else 1
+    floor = ref.abs().mean().item() if truncating or cancelling else 1e-3
+    assert ((out - ref).abs() <= ulps * eps * ref.abs().clamp_min(floor))[diff].all(), f"more than {ulps} ulp apart"
+    if not (truncating or cancelling):
+        assert diff.float().mean().item() <= 0.02, f"{int(diff.sum())} of {diff.numel()} elements differ"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rmsnorm_matches_torch(dtype, with_residual, device):
+    gen = torch.Generator().manual_seed(0)
+    T, N = 7, 96  # N not a power of two: the masked tail
+    x = (torch.randn(T, N, generator=gen) * 3).to(device, dtype)
+    res = torch.randn(T, N, generator=gen).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(N, generator=gen)).to(device, dtype)
+    res_ref = res.clone()
+    if with_residual:
+        res_ref.add_(x)
+        ref = rms_norm(res_ref, w, 1e-6)
+        out = triton_fused.add_rmsnorm(x, res, w, 1e-6)
+        _close(res, res_ref)  # updated in place
+    else:
+        ref = rms_norm(x, w, 1e-6)
+        out = triton_fused.add_rmsnorm(x, None, w, 1e-6)
+    _close(out, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qk_norm_rope_matches_torch(dtype, with_norm, device):
+    gen = torch.Generator().manual_seed(1)
+    T, Hq, Hkv, D = 5, 4, 2, 32
+    qkv = (torch.randn(T, (Hq + 2 * Hkv) * D, generator=gen) * 2).to(device, dtype)
+    qw = (1 + 0.1 * torch.randn(D, generator=gen)).to(device, dtype)
+    kw = (1 + 0.1 * torch.randn(D, generator=gen)).to(device, dtype)
+    rope = RotaryEmbedding(D, D, 4096, 1e6, device=device)
+    positions = torch.tensor([0, 3, 17, 1000, 4095], dtype=torch.int32, device=device)
+    q, k = qkv[:, : Hq * D].view(T, Hq, D), qkv[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D)
+    if with_norm:
+        q, k = rms_norm(q, qw, 1e-6), rms_norm(k, kw, 1e-6)
+    qk, _ = rope.forward(positions, torch.cat([q, k], dim=1))
+    out_q, out_k = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, qw if with_norm else None,
+                                             kw if with_norm else None, 1e-6, rope.cos_sin_cache, positions)
+    _close(out_q, qk[:, :Hq].contiguous(), cancelling=True)
+    _close(out_k, qk[:, Hq:].contiguous(), cancelling=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_torch(dtype, device):
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(6, 2 * 80, generator=gen) * 3).to(device, dtype)
+    ref = torch.nn.functional.silu(x[:, :80]) * x[:, 80:]
+    _close(triton_fused.silu_and_mul(x), ref)
+
+
+def test_fused_path_only_for_16_bit_cuda(monkeypatch):
+    assert fused_kernels_for(torch.zeros(2, 2, dtype=torch.bfloat16)) is None  # CPU keeps the PyTorch path
+    assert fused_kernels_for(torch.zeros(2, 2)) is None
+    if torch.cuda.is_available():
+        assert fused_kernels_for(torch.zeros(2, 2, dtype=torch.bfloat16, device="cuda")) is triton_fused
+        assert fused_kernels_for(torch.zeros(2, 2, device="cuda")) is None  # fp32 keeps HF's exact path
+        monkeypatch.setenv("MINISGL_DISABLE_FUSED_KERNELS", "1")
+        assert fused_kernels_for(torch.zeros(2, 2, dtype=torch.bfloat16, device="cuda")) is None
