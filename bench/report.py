@@ -127,7 +127,9 @@ def ablation_rows(results: dict) -> list[dict]:
     throughput("overlap scheduling", "abl:overlap:off", "abl:overlap:on", "offline", "off", "on")
     throughput("page size", "abl:page:1", "abl:page:16", "offline", "page 1", "page 16")
     if "abl:graph:off" in results["jobs"]:
-        throughput("CUDA graph", "abl:graph:off", "abl:graph:on", "offline", "off", "on")
+        emulated = results["meta"].get("device") == "cpu"
+        throughput("CUDA graph (CPU: emulated)" if emulated else "CUDA graph", "abl:graph:off", "abl:graph:on",
+                   "offline", "off", "on")
         x, y = _task(results, "abl:graph:off", "decode"), _task(results, "abl:graph:on", "decode")
         if x and y:
             out[-1]["effect"] += f"; single-stream decode {x['tok_s']:,.0f} → {y['tok_s']:,.0f} tok/s"

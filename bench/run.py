@@ -85,14 +85,13 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
         Job("abl:page:16", a, ["offline"], {"page_size": 16}),
     ]
     if "stage4_fast" in engines:
+        # on a CPU the graphs are stage4's emulation (fixed buffers, no launch savings): the row shows its cost
+        jobs += [Job("abl:graph:off", "stage4_fast", ["decode", "offline"], {"cuda_graph_max_bs": 0}),
+                 Job("abl:graph:on", "stage4_fast", ["decode", "offline"])]
         if args.gpu:
-            jobs += [Job("abl:graph:off", "stage4_fast", ["decode", "offline"], {"cuda_graph_max_bs": 0}),
-                     Job("abl:graph:on", "stage4_fast", ["decode", "offline"])]
             # the GPU attention backends on the same workload: our Triton kernels vs FlashInfer (GPU only)
             jobs += [Job(f"abl:attn:{b}", "stage4_fast", ["offline"], {"attention_backend": b})
                      for b in ("triton", "fi")]
-        else:
-            notes.append("CUDA graph on/off: GPU only")
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")
