@@ -19,6 +19,7 @@ from typing import Any, Iterator, List, Sequence, Tuple
 import torch
 
 from .core import SamplingParams
+from .engine.graph import EMULATION_MAX_BS
 from .llm import LLM
 
 # Qwen3_5ForCausalLM: the capstone hybrid (gated DeltaNet linear attention + full attention, models/qwen3_5.py)
@@ -59,7 +60,10 @@ def _llm(model_dir: str, options: dict) -> LLM:
             _LLMS.popitem()[1].shutdown()
     kwargs = {_CONFIG_FIELD[name]: value for name, value in options.items() if name != "cuda_graph"}
     if not options.get("cuda_graph", True):
-        kwargs["cuda_graph_max_bs"] = 0  # graphs are on by default (emulated on CPU)
+        kwargs["cuda_graph_max_bs"] = 0
+    elif not torch.cuda.is_available():
+        # the engine runs eagerly on a CPU unless asked; the suite asks, so every case also checks the emulation
+        kwargs["cuda_graph_max_bs"] = EMULATION_MAX_BS
     # The suite keeps several engines alive in one process; on a GPU each would otherwise size its KV pool to 90% of
     # the free memory and the second one would not fit. 16k tokens is plenty for the suite's workloads.
     kwargs.setdefault("num_page_override", 16384 // options.get("page_size", 1))

@@ -3,10 +3,10 @@
 It takes `python -m stage4_fast`'s flags (upstream's CLI) and leaves every choice on "auto", which resolves per
 device:
 
-* GPU: FlashInfer decode (+ FlashAttention 4 prefill on sm90+ when installed, else Triton) for bf16/fp16 models,
-  Triton for fp32 ones; CUDA graphs for decode batches up to 256 (160 on a GPU under 80 GiB); the fused Triton MoE;
+* GPU: our Triton attention (+ FlashAttention 4 prefill on sm90+ when installed; FlashInfer with `--attn fi`);
+  CUDA graphs for decode batches up to 256 (160 on a GPU under 80 GiB); the fused Triton MoE;
   the JIT-built CUDA kernels for the KV store and the embedding lookup; overlap scheduling; `--tp N` over NCCL.
-* CPU: the torch reference attention and MoE, the CUDA-graph emulation (decode batches up to 16), overlap
+* CPU: the torch reference attention and MoE, no graphs (`--cuda-graph-max-bs 16` turns the emulation on), overlap
   scheduling, `--tp N` over gloo.
 
 Before starting it prints what "auto" resolved to on this machine.

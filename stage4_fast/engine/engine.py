@@ -140,7 +140,7 @@ class Engine:
 
     def _graph_max_bs(self) -> int | None:
         """The torch backend cannot be captured in a real CUDA graph (it reads lengths on the host): graphs are
-        off for it on a GPU; on CPU every backend runs under the emulation."""
+        off for it on a GPU; on CPU any backend runs under the emulation when graphs are asked for."""
         uses_torch = "torch" in self.config.attention_backend.split(",")[-1:]
         if is_cuda(self.device) and uses_torch and self.config.cuda_graph_bs is None:
             return 0

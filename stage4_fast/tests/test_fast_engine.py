@@ -22,9 +22,10 @@ def qwen3():
 @pytest.mark.parametrize("backend", ["fi", "fa", "fa,fi"])
 def test_library_backends_match_hf_through_fakes(qwen3, backend, page_size, fake_flashinfer, fake_flash_attn):
     # an 8-token prefill budget splits the longer prompts: later chunks attend over a cached prefix
-    out = llm_generate(qwen3, attention_backend=backend, page_size=page_size, max_extend_tokens=8)
+    out = llm_generate(qwen3, attention_backend=backend, page_size=page_size, max_extend_tokens=8,
+                       cuda_graph_max_bs=graph_module.EMULATION_MAX_BS)
     assert out == hf_generate(qwen3)
-    if "fi" in backend:  # decode ran through the CUDA-graph wrapper (emulated graphs are on by default)
+    if "fi" in backend:  # decode ran through the CUDA-graph wrapper (the emulation, asked for above)
         assert any(kind == "decode" and args["cuda_graph"] for kind, args in fake_flashinfer.calls)
     if "fa" in backend:
         assert any(call["page_size"] == page_size for call in fake_flash_attn.calls)
@@ -53,7 +54,7 @@ def test_graph_emulation_catches_an_input_not_copied_into_its_buffer(qwen3, monk
         self.positions[:bs].copy_(batch.positions)
 
     monkeypatch.setattr(graph_module.GraphCaptureBuffer, "copy_from", copy_all_but_input_ids)
-    assert llm_generate(qwen3) != expected
+    assert llm_generate(qwen3, cuda_graph_max_bs=graph_module.EMULATION_MAX_BS) != expected
     assert llm_generate(qwen3, cuda_graph_max_bs=0) == expected  # eager decode does not use the buffers
 
 
@@ -61,7 +62,7 @@ def test_graph_emulation_catches_metadata_not_copied_into_its_buffer(qwen3, monk
     from stage4_fast.attention.torch_backend import TorchBackend
 
     monkeypatch.setattr(TorchBackend, "prepare_for_replay", lambda self, batch: None)
-    assert llm_generate(qwen3) != hf_generate(qwen3)
+    assert llm_generate(qwen3, cuda_graph_max_bs=graph_module.EMULATION_MAX_BS) != hf_generate(qwen3)
 
 
 def test_decode_batches_are_padded_to_captured_sizes():
@@ -82,7 +83,8 @@ def test_decode_batches_are_padded_to_captured_sizes():
 
 def test_default_graph_sizes():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert graph_module.default_graph_bs_list(cpu, 0, None, None) == [1, 2, 4, 8, 16]
+    assert graph_module.default_graph_bs_list(cpu, 0, None, None) == []  # CPU: eager unless asked
+    assert graph_module.default_graph_bs_list(cpu, 0, None, 16) == [1, 2, 4, 8, 16]
     assert graph_module.default_graph_bs_list(cpu, 0, None, 0) == []
     assert graph_module.default_graph_bs_list(cpu, 0, [8, 2, 2], None) == [2, 8]
     sizes = graph_module.default_graph_bs_list(gpu, 100 << 30, None, None)
@@ -96,5 +98,5 @@ def test_serve_reports_the_cpu_defaults(qwen3):
 
     config, _ = parse_args(["--model", str(qwen3), "--tp", "2"])
     text = describe(config)
-    for part in ("on cpu", "tp 2", "attention torch", "emulated graphs up to batch 16"):
+    for part in ("on cpu", "tp 2", "attention torch", "no graphs"):
         assert part in text

@@ -278,8 +278,8 @@ def test_graph_replay_reads_the_state_slots_from_its_buffer(monkeypatch):
         self.full.prepare_for_replay(batch)
 
     monkeypatch.setattr(hybrid.HybridLinearAttnBackend, "prepare_for_replay", stale_slots)
-    assert graph_mod.CPU_DEFAULT_MAX_BS >= len(prompts)
-    assert run(prompts, max_extend_tokens=8) != hf_generate(prompts)
+    assert graph_mod.EMULATION_MAX_BS >= len(prompts)
+    assert run(prompts, max_extend_tokens=8, cuda_graph_max_bs=graph_mod.EMULATION_MAX_BS) != hf_generate(prompts)
 
 
 # -- server --------------------------------------------------------------------------------------------------------
