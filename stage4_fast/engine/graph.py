@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # On a CPU graphs are off unless asked for: the emulation checks the fixed-buffer discipline (the tests ask for it)
-# but saves nothing, and its copies cost ~7 % of offline throughput (bench/results/cpu.md, "CUDA graph" row).
+# but saves nothing: its copies cost ~5 % of single-stream decode (bench/results/cpu.md, "CUDA graph" row).
 EMULATION_MAX_BS = 16  # what the tests and the shared suite's harness ask for on a CPU
 
 
