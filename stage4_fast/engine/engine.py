@@ -121,10 +121,12 @@ class Engine:
                 dummy_req=self.dummy_req,
                 logits_dtype=config.dtype,
             )
+        runner = self.graph_runner
+        graphs = (f"{'emulated' if runner.emulated else 'CUDA'} graphs for batch sizes up to {runner.max_graph_bs}"
+                  if runner.max_graph_bs else "no graphs")
         logger.info(
-            "rank %d/%d on %s: attention %s, MoE %s, %s graphs for batch sizes up to %d, %d KV pages of %d",
-            tp.rank, tp.size, self.device, config.attention_backend, config.moe_backend if model_config.is_moe else "-",
-            "emulated" if self.graph_runner.emulated else "CUDA", self.graph_runner.max_graph_bs, self.num_pages,
+            "rank %d/%d on %s: attention %s, MoE %s, %s, %d KV pages of %d", tp.rank, tp.size, self.device,
+            config.attention_backend, config.moe_backend if model_config.is_moe else "-", graphs, self.num_pages,
             config.page_size,
         )
 
