@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import TYPE_CHECKING, Dict, List
 
 from ..core import SamplingParams
@@ -26,6 +27,14 @@ def _shell_sampling_params(max_seq_len: int) -> SamplingParams:
     )
 
 
+async def _print_answer(frontend: FrontendManager, messages: List[Dict[str, str]], params: SamplingParams,
+                        answer: List[str]) -> None:
+    """Stream the model's reply to the terminal, collecting its pieces in `answer`."""
+    async for delta in generate_deltas(frontend, messages, params, []):
+        print(delta.text, end="", flush=True)
+        answer.append(delta.text)
+
+
 def run_shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
     return asyncio.run(_shell(config, info, workers))
 
@@ -45,12 +54,38 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
     params = _shell_sampling_params(info["max_seq_len"])
     history: List[Dict[str, str]] = []
     session: PromptSession[str] = PromptSession()
+    # Ctrl-C quits, whenever it comes. At the prompt (raw mode) prompt_toolkit reads it as a key and raises
+    # KeyboardInterrupt. Otherwise the terminal sends SIGINT, handled here rather than by asyncio.run's
+    # cancel-the-main-task, which a prompt opening or closing could swallow (the shell then kept running). The
+    # handler cancels the answer being streamed, or ends a prompt that is opening or closing, and leaves a flag the
+    # loop checks.
+    interrupted = asyncio.Event()
+    streaming: List[asyncio.Task] = []
+
+    def end_prompt() -> None:
+        if interrupted.is_set() and session.app.is_running:
+            try:
+                session.app.exit(exception=KeyboardInterrupt())
+            except Exception:  # the prompt is already returning a line: the loop sees the flag next
+                pass
+
+    def on_sigint() -> None:
+        interrupted.set()
+        for task in streaming:
+            task.cancel()
+        end_prompt()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
     print(f"mini-sglang shell — {config.served_model_name}\n{HELP}", flush=True)
     try:
-        while not died:
+        while not died and not interrupted.is_set():
             try:
-                line = (await session.prompt_async("> ")).strip()
+                # handle_sigint=False: prompt_toolkit would otherwise swap its own SIGINT handler in and out, and
+                # removing it would remove ours
+                line = (await session.prompt_async("> ", pre_run=end_prompt, handle_sigint=False)).strip()
             except (EOFError, KeyboardInterrupt):
+                break
+            if interrupted.is_set():
                 break
             if not line:
                 continue
@@ -62,19 +97,22 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
                 continue
             history.append({"role": "user", "content": line})
             answer: List[str] = []
+            streaming.append(asyncio.ensure_future(_print_answer(frontend, list(history), params, answer)))
             try:
-                async for delta in generate_deltas(frontend, list(history), params, []):
-                    print(delta.text, end="", flush=True)
-                    answer.append(delta.text)
+                await streaming[0]
+            except asyncio.CancelledError:  # Ctrl-C while answering: the request was aborted on the way out
+                print(flush=True)
+                break
             except (RequestRejected, BackendUnavailable) as e:
                 history.pop()
                 print(f"\n[error] {e}", flush=True)
                 continue
+            finally:
+                streaming.clear()
             print(flush=True)
             history.append({"role": "assistant", "content": "".join(answer)})
-    except asyncio.CancelledError:  # Ctrl-C while answering: the request was aborted on the way out
-        print(flush=True)
     finally:
+        loop.remove_signal_handler(signal.SIGINT)
         frontend.shutdown()
     print("bye", flush=True)
     return 1 if died else 0
