@@ -52,7 +52,12 @@ class DecoderModel(BaseOP):
 
 class DecoderForCausalLM(BaseLLMModel):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool = False, has_qk_norm: bool = False):
-        self.model = DecoderModel(config, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
+        self._attach(config, DecoderModel(config, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm))
+
+    def _attach(self, config: ModelConfig, model: DecoderModel) -> None:
+        """The decoder stack and the LM head on top of it (tied to its embedding when the config says so); a model
+        with other layers (the Qwen3.5 hybrid) passes its own stack."""
+        self.model = model
         tied = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(
             config.vocab_size,

@@ -33,14 +33,13 @@ from ..layers import (
     LinearQKVMerged,
     LinearReplicated,
     OPList,
-    ParallelLMHead,
     VocabParallelEmbedding,
     get_rope,
 )
 from ..layers.norm import rms_norm
 from ..utils import div_even
-from .base import BaseLLMModel
 from .config import ModelConfig
+from .decoder import DecoderForCausalLM, DecoderModel
 from .hybrid_config import LinearAttnConfig
 from .utils import GatedMLP
 
@@ -172,31 +171,20 @@ class HybridDecoderLayer(BaseOP):
         return self.mlp.forward(x), residual
 
 
-class HybridDecoderModel(BaseOP):
-    def __init__(self, config: ModelConfig):
+class HybridDecoderModel(DecoderModel):
+    """The dense decoder's stack (embedding, layers, final norm; its forward) with hybrid layers and offset norms."""
+
+    def __init__(self, config: ModelConfig):  # (DecoderModel.__init__ is not called: every field is set here)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = OPList([HybridDecoderLayer(config, i) for i in range(config.num_layers)])
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens.forward(input_ids), None
-        for layer in self.layers.op_list:
-            x, residual = layer.forward(x, residual)
-        return self.norm.forward(x, residual)[0]
 
-
-class Qwen3_5ForCausalLM(BaseLLMModel):
+class Qwen3_5ForCausalLM(DecoderForCausalLM):
     def __init__(self, config: ModelConfig):
         if config.linear_attn is None:
             raise ValueError("Qwen3.5 needs layer_types and the linear_* fields in its config")
-        self.model = HybridDecoderModel(config)
-        tied = config.tie_word_embeddings
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            tie_word_embeddings=tied,
-            tied_embedding=self.model.embed_tokens if tied else None,
-        )
+        self._attach(config, HybridDecoderModel(config))
 
     def load_state_dict(
         self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
@@ -204,9 +192,6 @@ class Qwen3_5ForCausalLM(BaseLLMModel):
         if not _internal:
             state_dict = _text_weights(state_dict)
         super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
-
-    def forward(self) -> torch.Tensor:
-        return self.lm_head.forward(self.model.forward(get_global_ctx().batch.input_ids))
 
 
 def _text_weights(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
