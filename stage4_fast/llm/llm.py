@@ -14,6 +14,7 @@ from ..core import SamplingParams
 from ..distributed import DistributedInfo
 from ..message import BaseBackendMsg, DetokenizeMsg, UserMsg
 from ..scheduler import Scheduler, SchedulerConfig
+from ..utils.hf import tp_split_problem
 from .tp import join_followers, start_followers, tp_config_fields
 
 
@@ -37,6 +38,8 @@ class LLM(Scheduler):
     def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, tp: int = 1, **kwargs) -> None:
         # any EngineConfig / SchedulerConfig field may be passed (page_size, cache_type, max_extend_tokens, ...);
         # tp > 1 runs ranks 1..tp-1 in processes of their own (stage 4)
+        if tp > 1 and (why := tp_split_problem(model_path, tp)):
+            raise ValueError(f"tp={tp}: {why}")
         config = SchedulerConfig(
             model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype, offline_mode=True,
             **tp_config_fields(tp), **kwargs

@@ -11,7 +11,7 @@ import torch
 
 from ..distributed import DistributedInfo
 from ..scheduler.config import SchedulerConfig
-from ..utils.hf import cached_load_hf_config, resolve_model_path
+from ..utils.hf import cached_load_hf_config, resolve_model_path, tp_split_problem
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -121,20 +121,6 @@ def _resolve_dtype(model_path: str, name: str) -> torch.dtype:
     return getattr(torch, hf_dtype) if isinstance(hf_dtype, str) else hf_dtype
 
 
-def _tp_split_problem(model_path: str, tp: int) -> str | None:
-    """Why the model's attention heads cannot be sharded over `tp` ranks (None when they can): query heads must
-    divide evenly; KV heads must divide evenly or, with more ranks than KV heads, be replicated."""
-    config = cached_load_hf_config(model_path)
-    config = getattr(config, "text_config", None) or config
-    q = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or q
-    if q % tp:
-        return f"the model's {q} attention heads do not split evenly over {tp} ranks"
-    if kv % tp and tp % kv:
-        return f"the model's {kv} key/value heads neither split evenly over {tp} ranks nor replicate onto them"
-    return None
-
-
 def parse_args(args: List[str], run_shell: bool = False) -> Tuple[ServerArgs, bool]:
     parser = build_parser(run_shell)
     kwargs = dict(vars(parser.parse_args(args)))
@@ -145,7 +131,7 @@ def parse_args(args: List[str], run_shell: bool = False) -> Tuple[ServerArgs, bo
     served = kwargs.pop("served_model_name") or given_model or model_path
     if shell:  # one conversation: one request slot, no batching
         kwargs.update(max_running_req=1, cuda_graph_max_bs=1, silent_output=True)
-    if tp > 1 and (why := _tp_split_problem(model_path, tp)):
+    if tp > 1 and (why := tp_split_problem(model_path, tp)):
         parser.error(f"--tp {tp}: {why}")  # a readable message now, not an assertion in a rank's start-up
     dtype = _resolve_dtype(model_path, kwargs.pop("dtype"))
     server_args = ServerArgs(

@@ -70,3 +70,10 @@ def test_tp_that_does_not_split_the_heads_is_a_cli_error(capsys):
         parse_args(["--model", str(prepared_model("smollm2")), "--tp", "2"])
     assert exc.value.code == 2
     assert "--tp 2: the model's 9 attention heads do not split evenly over 2 ranks" in capsys.readouterr().err
+
+
+def test_offline_tp_that_does_not_split_the_heads_is_a_value_error():
+    from stage4_fast import LLM
+
+    with pytest.raises(ValueError, match="tp=2: the model's 9 attention heads do not split evenly over 2 ranks"):
+        LLM(str(prepared_model("smollm2")), tp=2)

@@ -67,3 +67,18 @@ def cached_load_hf_config(model_path: str) -> PretrainedConfig:
 
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(model_path)
+
+
+def tp_split_problem(model_path: str, tp: int) -> str | None:
+    """Why the model's attention heads cannot be sharded over `tp` ranks (None when they can): query heads must
+    divide evenly; KV heads must divide evenly or, with more ranks than KV heads, be replicated. The server's
+    CLI and the offline LLM ask before any rank starts, so the answer is a message, not a layer's assertion."""
+    config = cached_load_hf_config(model_path)
+    config = getattr(config, "text_config", None) or config
+    q = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or q
+    if q % tp:
+        return f"the model's {q} attention heads do not split evenly over {tp} ranks"
+    if kv % tp and tp % kv:
+        return f"the model's {kv} key/value heads neither split evenly over {tp} ranks nor replicate onto them"
+    return None
