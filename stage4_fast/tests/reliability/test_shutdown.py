@@ -27,9 +27,10 @@ def test_sigterm_ends_in_flight_streams_with_an_error_event(tiny_dir):
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 async for line in r.aiter_lines():
-                    if line:
-                        lines.append(line)
-                    if len(lines) == 1:
+                    if not line:  # SSE's blank separator lines
+                        continue
+                    lines.append(line)
+                    if len(lines) == 1:  # this stream has started (counted once: SIGTERM waits for all of them)
                         n_started[0] += 1
                         if n_started[0] == STREAMS:
                             started.set()
