@@ -10,31 +10,37 @@ from typing import Any, List, Tuple
 import torch
 
 
-def hf_reference(path: Path, num_prompts: int, steps: int, seed: int = 0) -> Tuple[list, list, torch.Tensor]:
+def hf_reference(path: Path, num_prompts: int, steps: int, seed: int = 0,
+                 device: str = "cuda") -> Tuple[list, list, torch.Tensor]:
     """Prompts, HF bf16 greedy continuations, and HF's logits for every step (one full forward per sequence):
-    [num_prompts, steps, vocab] fp32."""
+    [num_prompts, steps, vocab] fp32 (on the CPU, so that TP ranks on other GPUs can compare with it)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda").eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     rng = random.Random(seed)
     prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(20, 300))] for _ in range(num_prompts)]
     forced, logits = [], []
     with torch.inference_mode():
         for p in prompts:
-            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=steps, min_new_tokens=steps,
+            out = model.generate(torch.tensor([p], device=device), max_new_tokens=steps, min_new_tokens=steps,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)
             gen = out[0, len(p):].tolist()
             full = model(out[:, :-1]).logits[0, len(p) - 1:].float()
             forced.append(gen)
-            logits.append(full)
+            logits.append(full.cpu())
     del model
-    torch.cuda.empty_cache()
+    if device != "cpu":
+        torch.cuda.empty_cache()
     return prompts, forced, torch.stack(logits)
 
 
 def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], **config: Any) -> torch.Tensor:
+    """The engine's logits for the same steps, fed the forced tokens: [num_prompts, steps, vocab] fp32 on the CPU.
+    Runs on the engine's device (a CPU too: a dry run of the GPU scripts); TP ranks each call it with their
+    ``tp_info`` and the same inputs, so their collectives line up."""
     from stage4_fast.core import SamplingParams, set_global_ctx
     from stage4_fast.engine import Engine, EngineConfig, ManualBatcher
+    from stage4_fast.utils.device import stream_context, to_device
 
     steps = len(forced[0])
     engine = Engine(EngineConfig(str(path), max_running_req=8, num_page_override=4096, **config))
@@ -46,7 +52,7 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
         for step in range(steps):
             set_global_ctx(engine.ctx)
             batch = batcher.make_batch(reqs, phase)
-            with torch.inference_mode(), torch.cuda.stream(engine.stream), engine.ctx.forward_batch(batch):
+            with torch.inference_mode(), stream_context(engine.stream), engine.ctx.forward_batch(batch):
                 if engine.graph_runner.can_use_cuda_graph(batch):
                     logits = engine.graph_runner.replay(batch)
                 else:
@@ -58,8 +64,9 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
             for req, token in zip(reqs, tokens):
                 req.complete_one()
                 req.append_host(token)
-            batcher.token_pool[rows.cuda(), cols.cuda()] = tokens.cuda()
+            device = engine.device
+            batcher.token_pool[to_device(rows, device), to_device(cols, device)] = to_device(tokens, device)
             phase = "decode"
     finally:
         engine.shutdown()
-    return out.cuda()
+    return out
