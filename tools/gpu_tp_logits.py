@@ -25,6 +25,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.multiprocessing as mp
@@ -47,14 +48,18 @@ def _rank_logits(rank: int, tp: int, addr: str, model: str, inputs: str, result:
         torch.save(logits, result)
 
 
-def engine_logits(model: str, tp: int, prompts: list, forced: list, work: Path) -> torch.Tensor:
-    """stage4's teacher-forced logits at TP ``tp``: one process per rank, each feeding the same tokens."""
+def _spawn_ranks(fn: Callable[..., None], tp: int, *args: object) -> None:
+    """``fn(rank, tp, addr, *args)`` in one process per rank, meeting at a fresh port."""
     from stage4_fast.distributed import find_free_port
 
+    mp.spawn(fn, args=(tp, f"tcp://127.0.0.1:{find_free_port()}", *args), nprocs=tp, join=True)
+
+
+def engine_logits(model: str, tp: int, prompts: list, forced: list, work: Path) -> torch.Tensor:
+    """stage4's teacher-forced logits at TP ``tp``: one process per rank, each feeding the same tokens."""
     inputs, result = work / "inputs.pt", work / f"tp{tp}.pt"
     torch.save({"prompts": prompts, "forced": forced}, inputs)
-    addr = f"tcp://127.0.0.1:{find_free_port()}"
-    mp.spawn(_rank_logits, args=(tp, addr, model, str(inputs), str(result)), nprocs=tp, join=True)
+    _spawn_ranks(_rank_logits, tp, model, str(inputs), str(result))
     return torch.load(result)
 
 
@@ -129,11 +134,8 @@ def _rank_allreduce(rank: int, tp: int, addr: str, hidden: int, sizes: list, per
 
 
 def allreduce_bench(tp: int, hidden: int, sizes: list, per_step: int, work: Path) -> list:
-    from stage4_fast.distributed import find_free_port
-
     result = work / "allreduce.json"
-    addr = f"tcp://127.0.0.1:{find_free_port()}"
-    mp.spawn(_rank_allreduce, args=(tp, addr, hidden, sizes, per_step, str(result)), nprocs=tp, join=True)
+    _spawn_ranks(_rank_allreduce, tp, hidden, sizes, per_step, str(result))
     return json.loads(result.read_text())
 
 
