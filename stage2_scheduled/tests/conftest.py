@@ -24,6 +24,17 @@ TINY = dict(
     rms_norm_eps=1e-6,
 )
 
+# original context 64 with factors 1/4: wavelengths below 16 keep their frequency, above 64 are divided by 8, and
+# the band in between is blended; head_dim 64 with theta 5e5 has frequencies in all three regimes
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=500000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=64,
+)
+
 
 def _make_tiny(root: Path, arch: str) -> Path:
     import transformers
@@ -35,15 +46,7 @@ def _make_tiny(root: Path, arch: str) -> Path:
         config = transformers.Qwen3Config(**TINY, tie_word_embeddings=True)
         cls = transformers.Qwen3ForCausalLM
     elif arch == "llama3":  # llama3 rope scaling, tied head
-        rope = dict(
-            rope_type="llama3",
-            rope_theta=500000.0,
-            factor=8.0,
-            low_freq_factor=1.0,
-            high_freq_factor=4.0,
-            original_max_position_embeddings=64,
-        )
-        config = transformers.LlamaConfig(**TINY, tie_word_embeddings=True, rope_parameters=rope)
+        config = transformers.LlamaConfig(**TINY, tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE)
         cls = transformers.LlamaForCausalLM
     else:
         raise ValueError(arch)

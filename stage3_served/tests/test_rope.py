@@ -9,17 +9,9 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from stage3_served.layers import get_rope, set_rope_device
 from stage3_served.models import ModelConfig
 
+from .conftest import LLAMA3_ROPE
+
 HEAD_DIM = 64
-# original context 64 with factors 1/4: wavelengths below 16 keep their frequency, above 64 are divided by 8, and
-# the band in between is blended; head_dim 64 with theta 5e5 has frequencies in all three regimes
-LLAMA3 = dict(
-    rope_type="llama3",
-    rope_theta=500000.0,
-    factor=8.0,
-    low_freq_factor=1.0,
-    high_freq_factor=4.0,
-    original_max_position_embeddings=64,
-)
 
 
 def _hf_config(rope_parameters: dict) -> LlamaConfig:
@@ -40,7 +32,7 @@ def _our_rope(hf_config: LlamaConfig):
 
 
 def test_llama3_inverse_frequencies_match_hf():
-    config = _hf_config(LLAMA3)
+    config = _hf_config(LLAMA3_ROPE)
     hf_inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
     ours = _our_rope(config)
     assert attention_scaling == 1.0
@@ -49,7 +41,8 @@ def test_llama3_inverse_frequencies_match_hf():
     torch.testing.assert_close(ours.inv_freq, hf_inv_freq, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("rope", [LLAMA3, dict(rope_type="default", rope_theta=10000.0)], ids=["llama3", "default"])
+@pytest.mark.parametrize("rope", [LLAMA3_ROPE, dict(rope_type="default", rope_theta=10000.0)],
+                         ids=["llama3", "default"])
 def test_rotary_embedding_matches_hf(rope):
     config = _hf_config(rope)
     torch.manual_seed(0)
@@ -67,16 +60,16 @@ def test_rotary_embedding_matches_hf(rope):
 
 
 def test_get_rope_is_shared_per_parameters():
-    config = _hf_config(LLAMA3)
+    config = _hf_config(LLAMA3_ROPE)
     assert _our_rope(config) is _our_rope(config)
     assert _our_rope(config) is not _our_rope(_hf_config(dict(rope_type="default", rope_theta=10000.0)))
 
 
 def test_old_style_rope_scaling_config_parses_like_the_new_one():
-    new = ModelConfig.from_hf(_hf_config(LLAMA3).to_dict()).rotary_config
-    old_style = _hf_config(LLAMA3).to_dict()
+    new = ModelConfig.from_hf(_hf_config(LLAMA3_ROPE).to_dict()).rotary_config
+    old_style = _hf_config(LLAMA3_ROPE).to_dict()
     del old_style["rope_parameters"]
-    old_style["rope_theta"] = LLAMA3["rope_theta"]
-    old_style["rope_scaling"] = {k: v for k, v in LLAMA3.items() if k not in ("rope_theta", "rope_type")}
+    old_style["rope_theta"] = LLAMA3_ROPE["rope_theta"]
+    old_style["rope_scaling"] = {k: v for k, v in LLAMA3_ROPE.items() if k not in ("rope_theta", "rope_type")}
     old_style["rope_scaling"]["type"] = "llama3"
     assert ModelConfig.from_hf(old_style).rotary_config == new

@@ -16,7 +16,7 @@ from stage3_served.core import SamplingParams
 from stage3_served.message import AbortBackendMsg
 from stage3_served.scheduler.prefill import ChunkedReq, PrefillManager
 
-from .helpers import assert_pool_accounted, greedy, make_llm
+from .helpers import assert_pool_accounted, greedy, make_llm, watch_batches
 
 
 def workload(seed: int, n: int = 10) -> Tuple[List[List[int]], List[int]]:
@@ -112,13 +112,11 @@ def test_chunked_prefill_alternates_with_decode(tiny_model):
     step between the chunks instead of waiting for the whole prompt."""
     llm = make_llm(tiny_model("qwen3"), max_extend_tokens=8, overlap_scheduling=False)
     launched: List[Tuple[str, List[int], List[bool]]] = []
-    forward_batch = llm.engine.forward_batch
 
-    def record(batch, args):
+    def record(batch):
         launched.append((batch.phase, [r.uid for r in batch.reqs], [isinstance(r, ChunkedReq) for r in batch.reqs]))
-        return forward_batch(batch, args)
 
-    llm.engine.forward_batch = record  # type: ignore[method-assign]
+    watch_batches(llm, record)
     prompts = [[7, 8, 9], list(range(100, 120))]
     out = llm.generate(prompts, greedy(6), use_tqdm=False)
     assert [len(o["token_ids"]) for o in out] == [6, 6]
@@ -133,14 +131,12 @@ def test_radix_cache_serves_a_repeated_prefix(tiny_model):
     llm = make_llm(tiny_model("qwen3"), cache_type="radix")
     shared = list(range(200, 232))
     extend_lens: List[int] = []
-    forward_batch = llm.engine.forward_batch
 
-    def record(batch, args):
+    def record(batch):
         if batch.is_prefill:
             extend_lens.extend(r.extend_len for r in batch.reqs)
-        return forward_batch(batch, args)
 
-    llm.engine.forward_batch = record  # type: ignore[method-assign]
+    watch_batches(llm, record)
     first = llm.generate([shared + [5, 6]], greedy(4), use_tqdm=False)
     second = llm.generate([shared + [7, 8, 9]], greedy(4), use_tqdm=False)
     assert extend_lens == [34, 3]  # the second prompt computes only its own tail
@@ -195,14 +191,12 @@ def test_decode_batch_order_is_stable(tiny_model):
     """The running set keeps admission order, so a decode batch is laid out the same way on every run."""
     llm = make_llm(tiny_model("qwen3"), overlap_scheduling=False)
     orders: List[List[int]] = []
-    forward_batch = llm.engine.forward_batch
 
-    def record(batch, args):
+    def record(batch):
         if batch.is_decode:
             orders.append([r.uid for r in batch.reqs])
-        return forward_batch(batch, args)
 
-    llm.engine.forward_batch = record  # type: ignore[method-assign]
+    watch_batches(llm, record)
     llm.generate([[1, 2], [3, 4, 5], [6]], greedy(3), use_tqdm=False)
     assert orders and all(order == sorted(order) for order in orders)
 
@@ -222,14 +216,12 @@ def test_requests_submitted_together_share_a_system_prompt(tiny_model):
     prompts = [system + [300 + 7 * i + j for j in range(5)] for i in range(6)]
     llm = make_llm(tiny_model("qwen3"), cache_type="radix")
     computed: List[int] = []
-    forward_batch = llm.engine.forward_batch
 
-    def record(batch, args):
+    def record(batch):
         if batch.is_prefill:
             computed.extend(r.extend_len for r in batch.reqs)
-        return forward_batch(batch, args)
 
-    llm.engine.forward_batch = record  # type: ignore[method-assign]
+    watch_batches(llm, record)
     out = llm.generate(prompts, greedy(5), use_tqdm=False)
     assert sorted(computed) == [5] * 5 + [69]
     plain = make_llm(tiny_model("qwen3"), cache_type="naive").generate(prompts, greedy(5), use_tqdm=False)

@@ -9,11 +9,11 @@ page that such a batch uses is reported as the race it would be on a GPU.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
 import torch
 
-from stage4_fast.core import SamplingParams
+from stage4_fast.core import Batch, SamplingParams
 from stage4_fast.llm import LLM
 from stage4_fast.message import DetokenizeMsg
 
@@ -28,6 +28,17 @@ def make_llm(model: Path | str, **kwargs) -> LLM:
 
 def greedy(max_tokens: int, ignore_eos: bool = True) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+
+
+def watch_batches(llm: LLM, on_batch: Callable[[Batch], None]) -> None:
+    """Call ``on_batch`` with every batch the engine is about to run (the tests that check what gets scheduled)."""
+    forward_batch = llm.engine.forward_batch
+
+    def watched(batch: Batch, args):
+        on_batch(batch)
+        return forward_batch(batch, args)
+
+    llm.engine.forward_batch = watched  # type: ignore[method-assign]
 
 
 class ReplyRecorder:

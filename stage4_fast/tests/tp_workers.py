@@ -61,6 +61,26 @@ def _full_weights(seed: int, shapes: Dict[str, tuple]) -> Dict[str, torch.Tensor
     return {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
 
 
+LAYER_DIMS = (16, 4, 4, 2, 8, 10, 3)  # hidden, head_dim, q heads, KV heads, intermediate, vocabulary, experts
+
+
+def _layer_weights() -> Dict[str, torch.Tensor]:
+    """The unsharded weights of every layer kind ``tp_layers`` checks (the TP ranks and the reference build the
+    same ones from seed 0)."""
+    hidden, head_dim, num_q, num_kv, inter, vocab, experts = LAYER_DIMS
+    return _full_weights(0, {
+        "attn.q_proj.weight": (num_q * head_dim, hidden), "attn.k_proj.weight": (num_kv * head_dim, hidden),
+        "attn.v_proj.weight": (num_kv * head_dim, hidden), "attn.q_proj.bias": (num_q * head_dim,),
+        "attn.k_proj.bias": (num_kv * head_dim,), "attn.v_proj.bias": (num_kv * head_dim,),
+        "attn.o_proj.weight": (hidden, num_q * head_dim),
+        "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter), "model.embed_tokens.weight": (vocab, hidden),
+        "lm_head.weight": (vocab, hidden),
+        **{f"moe.experts.{e}.{n}.weight": s for e in range(experts)
+           for n, s in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter)))},
+    })
+
+
 def tp_layers(rank: int, size: int, addr: str) -> Dict[str, torch.Tensor]:
     """Each TP layer built for this rank, loaded with this rank's shard of full weights (the loader's sharding),
     applied to the same input; returns the outputs that must equal the unsharded computation."""
@@ -86,18 +106,8 @@ def tp_layers(rank: int, size: int, addr: str) -> Dict[str, torch.Tensor]:
         "reduced": comm.all_reduce(torch.full((2, 3), float(rank + 1))),
         "gathered": comm.all_gather(torch.arange(2).float().view(2, 1) + 10 * rank),
     }
-    hidden, head_dim, num_q, num_kv, inter, vocab, experts = 16, 4, 4, 2, 8, 10, 3
-    full = _full_weights(0, {
-        "attn.q_proj.weight": (num_q * head_dim, hidden), "attn.k_proj.weight": (num_kv * head_dim, hidden),
-        "attn.v_proj.weight": (num_kv * head_dim, hidden), "attn.q_proj.bias": (num_q * head_dim,),
-        "attn.k_proj.bias": (num_kv * head_dim,), "attn.v_proj.bias": (num_kv * head_dim,),
-        "attn.o_proj.weight": (hidden, num_q * head_dim),
-        "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden),
-        "mlp.down_proj.weight": (hidden, inter), "model.embed_tokens.weight": (vocab, hidden),
-        "lm_head.weight": (vocab, hidden),
-        **{f"moe.experts.{e}.{n}.weight": s for e in range(experts)
-           for n, s in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter)))},
-    })
+    hidden, head_dim, num_q, num_kv, inter, vocab, experts = LAYER_DIMS
+    full = _layer_weights()
 
     def shard(key: str) -> torch.Tensor:
         return _shard_tensor(key, full[key], rank, size, num_kv)
@@ -158,18 +168,8 @@ def reference_layers(out: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     from stage4_fast.kernel.ref import fused_experts_ref
     from stage4_fast.moe import fused_topk
 
-    hidden, head_dim, num_q, num_kv, inter, vocab, experts = 16, 4, 4, 2, 8, 10, 3
-    full = _full_weights(0, {
-        "attn.q_proj.weight": (num_q * head_dim, hidden), "attn.k_proj.weight": (num_kv * head_dim, hidden),
-        "attn.v_proj.weight": (num_kv * head_dim, hidden), "attn.q_proj.bias": (num_q * head_dim,),
-        "attn.k_proj.bias": (num_kv * head_dim,), "attn.v_proj.bias": (num_kv * head_dim,),
-        "attn.o_proj.weight": (hidden, num_q * head_dim),
-        "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden),
-        "mlp.down_proj.weight": (hidden, inter), "model.embed_tokens.weight": (vocab, hidden),
-        "lm_head.weight": (vocab, hidden),
-        **{f"moe.experts.{e}.{n}.weight": s for e in range(experts)
-           for n, s in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter)))},
-    })
+    hidden, head_dim, num_q, num_kv, inter, vocab, experts = LAYER_DIMS
+    full = _layer_weights()
     F = torch.nn.functional
     x, attn_in, router = out["x"], out["attn_in"], out["router"]
     ref = {
