@@ -84,8 +84,9 @@ make_models() {
 
 run_tests() {
   make_models || { echo "model preparation failed"; return 1; }
+  # PYTEST_K narrows the subset (pytest -k), e.g. PYTEST_K=triton after a change to the Triton kernels
   timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest stage4_fast/tests/test_gpu.py -v -rs -s -p no:cacheprovider \
-    --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt"
+    ${PYTEST_K:+-k "$PYTEST_K"} --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt"
   return "${PIPESTATUS[0]}"
 }
 
