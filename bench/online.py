@@ -1,10 +1,14 @@
-"""`python -m bench.online`: the server's time to first token and tokens/s at 1 and 16 concurrent clients (CPU).
+"""`python -m bench.online`: the server's time to first token and tokens/s at 1 and 16 concurrent clients (CPU),
+and with `--rates` a request-rate sweep.
 
 Starts `python -m <stage> --model DIR` (stage3_served by default, SmolLM2 fp32), warms it up, then for each
 concurrency runs the `serve` workload of `workloads.py` (token-id prompts of randint(32, 256) tokens, 64 output
 tokens, EOS ignored, greedy, `/v1/completions` streamed) with that many clients, each sending its next request when
-the previous one is done. Writes `bench/results/cpu-online.md` (date, machine, command, load average, figures).
-The same measurement is the `serve` task of `python -m bench`; this script is the quick standalone version.
+the previous one is done. `--rates 0.5 1 2` then sends the same kind of workload open-loop, as `bench_serving
+--request-rate` does in SGLang and vLLM: Poisson arrivals at each rate (requests/s), so queueing shows in TTFT once
+the rate passes what the server sustains. Writes `bench/results/cpu-online.md` (date, machine, command, load
+average, figures). The same client measurement is the `serve` task of `python -m bench`; this script is the quick
+standalone version.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from .adapters import ROOT, SERVER_STAGES, launch_server
-from .worker import _run_clients
+from .worker import _run_clients, _run_rate
 from .workloads import SIZES, serve_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -48,22 +52,30 @@ def _commit() -> str:
     return r.stdout.strip() or "uncommitted"
 
 
-def run(stage: str, model: str, quick: bool) -> list[dict]:
+def run(stage: str, model: str, quick: bool, rates: list[float], rate_requests: int) -> tuple[list[dict], list[dict]]:
     sizes = SIZES["cpu", quick]
     log = Path(tempfile.mkstemp(prefix="bench-online-", suffix=".log")[1])
-    rows = []
+    rows, rate_rows = [], []
     with launch_server(stage, model, log, "float32") as url:
         asyncio.run(_run_clients(url, serve_workload(sizes, VOCAB, 1, seed=7), 1))  # warm-up
         for clients in sizes.serve_clients:
-            r = asyncio.run(_run_clients(url, serve_workload(sizes, VOCAB, sizes.serve_requests[clients]), clients))
+            # a seed of its own per run: the radix cache holds earlier runs' prompts (a repeat skips its prefill)
+            w = serve_workload(sizes, VOCAB, sizes.serve_requests[clients], seed=100 + clients)
+            r = asyncio.run(_run_clients(url, w, clients))
             rows.append({**r, "prompt_len": sizes.serve_prompt_len, "output_len": sizes.serve_output_len})
             print(f"{clients:>2} clients: TTFT p50 {statistics.median(r['ttft_s']) * 1e3:.0f} ms, "
                   f"{r['tok_s']:.1f} output tok/s", flush=True)
+        for i, rate in enumerate(rates):
+            r = asyncio.run(_run_rate(url, serve_workload(sizes, VOCAB, rate_requests, seed=200 + i), rate))
+            rate_rows.append(r)
+            print(f"{rate:g} req/s: TTFT p50 {statistics.median(r['ttft_s']) * 1e3:.0f} ms, "
+                  f"{r['tok_s']:.1f} output tok/s", flush=True)
     log.unlink(missing_ok=True)
-    return rows
+    return rows, rate_rows
 
 
-def markdown(rows: list[dict], stage: str, model: str, command: str, load: tuple[str, str]) -> str:
+def markdown(rows: list[dict], rate_rows: list[dict], stage: str, model: str, command: str,
+             load: tuple[str, str]) -> str:
     lines = [
         "# Online serving on CPU: time to first token and tokens/s",
         "",
@@ -90,6 +102,26 @@ def markdown(rows: list[dict], stage: str, model: str, command: str, load: tuple
         )
     lines += ["", "TTFT: request sent to first streamed token. TPOT: per-token time of one request after its first "
               "token. Output tok/s: all clients' tokens / wall time.", ""]
+    if rate_rows:
+        lines += [
+            "## Request-rate sweep",
+            "",
+            f"Open loop: {rate_rows[0]['requests']} requests per rate (the same prompt and output lengths; new "
+            "prompts at every rate, so none is served from the radix cache), arriving as a Poisson process (arrival "
+            "seed 0); wall = first arrival to last token.",
+            "",
+            "| request rate (req/s) | requests | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | "
+            "TPOT p50 (ms) | output tok/s | wall (s) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rate_rows:
+            lines.append(
+                f"| {r['rate']:g} | {r['requests']} | {statistics.median(r['ttft_s']) * 1e3:.0f} | "
+                f"{_pct(r['ttft_s'], 0.99) * 1e3:.0f} | {statistics.median(r['itl_s']) * 1e3:.0f} | "
+                f"{_pct(r['itl_s'], 0.99) * 1e3:.0f} | {statistics.median(r['tpot_s']) * 1e3:.1f} | "
+                f"{r['tok_s']:.1f} | {r['seconds']:.1f} |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -99,13 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
     ap.add_argument("--quick", action="store_true", help="fewer, shorter requests")
     ap.add_argument("--out", default=str(RESULTS / "cpu-online.md"))
+    ap.add_argument("--rates", type=float, nargs="*", default=[], metavar="REQ_PER_S",
+                    help="also run a request-rate sweep (Poisson arrivals) at these rates")
+    ap.add_argument("--rate-requests", type=int, default=24, help="requests sent at each rate")
     args = ap.parse_args(argv)
+    if any(r <= 0 for r in args.rates):
+        ap.error("--rates: every rate must be > 0 requests/s")
     load_start = "/".join(f"{x:.2f}" for x in os.getloadavg())
-    rows = run(args.stage, args.model, args.quick)
+    rows, rate_rows = run(args.stage, args.model, args.quick, args.rates, args.rate_requests)
     load_end = "/".join(f"{x:.2f}" for x in os.getloadavg())
     command = "python -m bench.online" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(
         sys.argv[1:] if argv is None else argv))
-    Path(args.out).write_text(markdown(rows, args.stage, args.model, command.strip(), (load_start, load_end)))
+    Path(args.out).write_text(markdown(rows, rate_rows, args.stage, args.model, command.strip(),
+                                       (load_start, load_end)))
     print(f"wrote {args.out}")
     return 0
 

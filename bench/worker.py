@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -213,8 +214,36 @@ async def _run_clients(url: str, w: Workload, concurrency: int) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
+    return {"concurrency": concurrency, **_summary(results, wall)}
+
+
+async def _run_rate(url: str, w: Workload, rate: float, seed: int = 0) -> dict:
+    """Open loop, like SGLang's and vLLM's ``bench_serving --request-rate``: requests arrive as a Poisson process of
+    ``rate`` requests/s (seeded exponential gaps) whether or not earlier ones are done."""
+    import httpx
+
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in w.prompts:
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    results: list[dict] = []
+    limits = httpx.Limits(max_connections=len(w.prompts) + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def send(at: float, p: list[int], o: int) -> None:
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
+            results.append({**await _stream_one(client, url, p, o), "expected": o})
+
+        await asyncio.gather(*(send(a, p, o) for a, p, o in zip(arrivals, w.prompts, w.output_lens)))
+        wall = time.perf_counter() - t0
+    return {"rate": rate, **_summary(results, wall)}
+
+
+def _summary(results: list[dict], wall: float) -> dict:
     out_tokens = sum(r["tokens"] or 0 for r in results)
-    return {"concurrency": concurrency, "requests": len(results), "seconds": wall, "output_tokens": out_tokens,
+    return {"requests": len(results), "seconds": wall, "output_tokens": out_tokens,
             "tok_s": out_tokens / wall, "ttft_s": [r["ttft"] for r in results],
             "itl_s": [g for r in results for g in r["itl"]], "tpot_s": [r["tpot"] for r in results if r["tpot"]],
             "chunks_per_token": sum(r["chunks"] for r in results) / max(out_tokens, 1),
@@ -226,13 +255,18 @@ def task_serve(stage: str, model: str, sizes: Sizes, vocab: int, dtype: str, log
     with launch_server(stage, model, log, dtype, **options) as url:
         asyncio.run(_run_clients(url, serve_workload(sizes, vocab, 1, seed=7), 1))  # warm-up
         for c in sizes.serve_clients:
-            out[str(c)] = asyncio.run(_run_clients(url, serve_workload(sizes, vocab, sizes.serve_requests[c]), c))
+            # a seed of its own per run: the server's radix cache still holds the earlier runs' prompts, and a
+            # repeated prompt would skip its prefill (the same seed once gave the 16-client run 4 cached prompts)
+            w = serve_workload(sizes, vocab, sizes.serve_requests[c], seed=100 + c)
+            out[str(c)] = asyncio.run(_run_clients(url, w, c))
     return out
 
 
-def task_serve_offline(stage: str, model: str, w: Workload, dtype: str, log: Path, options: dict) -> dict:
+def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: str, log: Path,
+                       options: dict) -> dict:
     with launch_server(stage, model, log, dtype, **options) as url:
-        asyncio.run(_run_clients(url, Workload("warm-up", w.prompts[:1], [4]), 1))
+        # warm up on a prompt outside the workload (the workload's own first prompt would then come from the cache)
+        asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
         r = asyncio.run(_run_clients(url, w, len(w.prompts)))
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
             "wrong_lengths": r["wrong_lengths"]}
@@ -280,7 +314,7 @@ def run(args: argparse.Namespace) -> dict:
         elif t == "serve":
             r = task_serve(args.stage, args.model, sizes, vocab, dtype_name, log, options)
         else:
-            r = task_serve_offline(args.stage, args.model, w, dtype_name, log, options)
+            r = task_serve_offline(args.stage, args.model, w, vocab, dtype_name, log, options)
         result["tasks"][t] = r
     return result
 

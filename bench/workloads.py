@@ -121,7 +121,9 @@ def offline_workload(gpu: bool, quick: bool, vocab_size: int) -> Workload:
     return offline_upstream(**sizes.offline) if gpu else offline_cpu(vocab_size, **sizes.offline)
 
 
-def serve_workload(sizes: Sizes, vocab_size: int, num_seqs: int, seed: int = 2) -> Workload:
+def serve_workload(sizes: Sizes, vocab_size: int, num_seqs: int, seed: int) -> Workload:
+    """Random token-id prompts. Give every run against one server its own seed: the radix cache keeps the prompts it
+    has seen, so a repeated prompt would be served from the cache."""
     rng = random.Random(seed)
     prompts = [[rng.randint(100, vocab_size - 100) for _ in range(rng.randint(*sizes.serve_prompt_len))]
                for _ in range(num_seqs)]
