@@ -1,0 +1,74 @@
+"""The serving benchmark's load generators, without a server: which prompts each run sends, and when."""
+
+import asyncio
+import contextlib
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench import worker  # noqa: E402
+from bench.workloads import SIZES  # noqa: E402
+
+
+def test_serve_runs_never_repeat_a_prompt(monkeypatch):
+    """A prompt sent twice to one server comes from its radix cache the second time (no prefill), which once made
+    the 16-client run look faster: the warm-up and every run must send prompts of their own."""
+    sent: list[tuple[int, ...]] = []
+
+    async def fake_run_clients(url, w, concurrency):
+        sent.extend(tuple(p) for p in w.prompts)
+        return {"seconds": 1.0, "output_tokens": 0, "tok_s": 0.0, "wrong_lengths": 0}
+
+    @contextlib.contextmanager
+    def fake_server(*args, **kwargs):
+        yield "http://fake"
+
+    monkeypatch.setattr(worker, "_run_clients", fake_run_clients)
+    monkeypatch.setattr(worker, "launch_server", fake_server)
+    worker.task_serve("stage3_served", "m", SIZES["cpu", False], 49152, "float32", Path("log"), {})
+    assert len(sent) == 1 + sum(SIZES["cpu", False].serve_requests.values())
+    assert len(set(sent)) == len(sent)
+
+    sent.clear()
+    offline = worker.serve_workload(SIZES["cpu", True], 49152, 4, seed=0)
+    worker.task_serve_offline("stage3_served", "m", offline, 49152, "float32", Path("log"), {})
+    assert len(set(sent)) == len(sent) == 1 + 4
+
+
+def test_request_rate_sends_on_a_seeded_poisson_schedule(monkeypatch):
+    sent_at: list[float] = []
+    loop_start: list[float] = []
+
+    async def fake_stream_one(client, url, prompt, max_tokens):
+        sent_at.append(asyncio.get_running_loop().time() - loop_start[0])
+        return {"ttft": 0.01, "itl": [0.01], "tokens": max_tokens, "chunks": 2, "tpot": 0.01, "latency": 0.02}
+
+    monkeypatch.setattr(worker, "_stream_one", fake_stream_one)
+    w = worker.serve_workload(SIZES["cpu", True], 49152, 6, seed=1)
+    rate = 40.0
+
+    async def run():
+        loop_start.append(asyncio.get_running_loop().time())
+        return await worker._run_rate("http://fake", w, rate, seed=3)
+
+    r = asyncio.run(run())
+    rng = random.Random(3)
+    expected, t = [], 0.0
+    for _ in range(6):
+        expected.append(t)
+        t += rng.expovariate(rate)
+    assert r["rate"] == rate and r["requests"] == 6 and r["output_tokens"] == 6 * w.output_lens[0]
+    # no request leaves before its arrival time (5 ms for clock granularity); all of them do leave
+    assert all(s >= e - 0.005 for s, e in zip(sorted(sent_at), expected))
+
+
+def test_rates_must_be_positive():
+    from bench import online
+
+    with pytest.raises(SystemExit):
+        online.main(["--rates", "0"])
