@@ -33,6 +33,8 @@ def _parse_bool(raw: str) -> bool:
 
 class _Env:
     DISABLE_OVERLAP_SCHEDULING = EnvVar("DISABLE_OVERLAP_SCHEDULING", False, _parse_bool)
+    # the fused Triton element-wise kernels of 16-bit GPU forwards (kernel/triton_fused.py), off for A/B measurements
+    DISABLE_FUSED_KERNELS = EnvVar("DISABLE_FUSED_KERNELS", False, _parse_bool)
     # sampling of the interactive shell (`--shell`)
     SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 2048, int)
     SHELL_TOP_K = EnvVar("SHELL_TOP_K", -1, int)

@@ -8,6 +8,7 @@ from typing import Tuple
 
 import torch
 
+from ..env import ENV
 from .jit import load_cuda_kernels
 from .ref import indexing_ref, store_cache_ref
 
@@ -38,12 +39,13 @@ def indexing(weights: torch.Tensor, indices: torch.Tensor, *, output: torch.Tens
 
 def fused_kernels_for(x: torch.Tensor):
     """The fused Triton element-wise kernels (``triton_fused``) when they apply to activation ``x`` (a CUDA tensor
-    in bf16/fp16, not switched off), else None: callers then take the PyTorch path. Triton is imported only here."""
-    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
+    in bf16/fp16, not switched off by MINISGL_DISABLE_FUSED_KERNELS), else None: callers then take the PyTorch
+    path. Triton is imported only here."""
+    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)) or ENV.DISABLE_FUSED_KERNELS.value:
         return None
     from . import triton_fused
 
-    return triton_fused if triton_fused.fused_enabled(x) else None
+    return triton_fused
 
 
 __all__ = ["fused_kernels_for", "indexing", "load_cuda_kernels", "store_cache"]

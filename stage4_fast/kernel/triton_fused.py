@@ -12,25 +12,16 @@ The kernels round where PyTorch rounds, so they give the bits of the unfused bf1
 * SiLU rounded before the multiply.
 Only the fp32 reduction order inside the norm differs (a last-bit difference before the rounding, rarely visible).
 
-The engine uses them only for CUDA tensors in bf16/fp16 (``fused_enabled``); fp32 and CPU keep the PyTorch path.
-``MINISGL_DISABLE_FUSED_KERNELS=1`` switches them off (for A/B measurements). The tests run them under Triton's
-interpreter on CPU against the PyTorch path.
+The engine uses them only for CUDA tensors in bf16/fp16 (``kernel.fused_kernels_for``); fp32 and CPU keep the
+PyTorch path. ``MINISGL_DISABLE_FUSED_KERNELS=1`` (``env.ENV``) switches them off (for A/B measurements). The
+tests run them under Triton's interpreter on CPU against the PyTorch path.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
-
-
-def fused_enabled(x: torch.Tensor) -> bool:
-    """True where the engine should take the fused kernels for this activation."""
-    if os.environ.get("MINISGL_DISABLE_FUSED_KERNELS", "0").lower() in ("1", "true", "yes"):
-        return False
-    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
 
 
 @triton.jit
