@@ -106,6 +106,10 @@ class FlashAttentionBackend(BaseAttnBackend):
         assert cap is not None, "init_capture_graph first"
         bs = batch.padded_size
         width = cap.page_table.shape[1]
+        # the capture batch's own first page (the dummy request's: the zeroed dummy page), not page 0, which is not
+        # written yet when graphs are captured; a replay copies the real rows in
+        lens = make_seq_lens(batch.padded_reqs)
+        cap.page_table[:bs, :1].copy_(self._page_rows(upload(lens.table_idx, self.device), 1))
         batch.attn_metadata = FAMetadata(
             cu_seqlens_k=cap.cu_seqlens_k[: bs + 1],
             cu_seqlens_q=cap.cu_seqlens_q[: bs + 1],

@@ -187,7 +187,9 @@ class FlashInferBackend(BaseAttnBackend):
         cap = self.capture
         assert cap is not None, "init_capture_graph first"
         bs = batch.padded_size
-        # the capture batch: every request of length 1 at slot 0 (the buffers' initial values)
+        # the capture batch: the engine's dummy request, length 1, at its own slot (the zeroed dummy page); slot 0,
+        # the buffers' initial value, is not written yet when graphs are captured. A replay plans the real slots.
+        cap.indices[:bs].copy_(self._kv_indices(make_seq_lens(batch.padded_reqs)))
         meta = FIMetadata(
             cu_seqlens_q_cpu=torch.arange(bs + 1, dtype=torch.int32),
             cu_seqlens_k_cpu=torch.arange(bs + 1, dtype=torch.int32),

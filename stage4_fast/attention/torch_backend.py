@@ -156,8 +156,14 @@ class TorchBackend(BaseAttnBackend):
             is_decode=True,
             graph=TorchCaptureData(self.capture.table_idx[:bs], self.capture.seq_lens[:bs]),
         )
+        # the capture batch's own rows (the dummy request's, whose slot is the zeroed dummy page): the buffers'
+        # initial row 0 would read slot 0, not written yet when graphs are captured
+        self._fill_capture_rows(batch)
 
     def prepare_for_replay(self, batch: Batch) -> None:
+        self._fill_capture_rows(batch)
+
+    def _fill_capture_rows(self, batch: Batch) -> None:
         assert self.capture is not None
         reqs = batch.padded_reqs
         bs = len(reqs)

@@ -116,6 +116,10 @@ class TritonBackend(BaseAttnBackend):
         cap = self.capture
         assert cap is not None, "init_capture_graph first"
         bs = batch.padded_size
+        # The capture batch is the engine's dummy request: its rows, whose one slot is the zeroed dummy page. Row 0
+        # would read slot 0, not written yet when graphs are captured (uninitialised memory on a CPU, NaN/inf in the
+        # capture run). A replay copies the real rows in.
+        cap.table_idx[:bs].copy_(upload(make_seq_lens(batch.padded_reqs).table_idx, self.device))
         batch.attn_metadata = TritonMetadata(
             cu_seqlens_q=cap.cu_seqlens_q[: bs + 1], seq_lens=cap.seq_lens[:bs], table_idx=cap.table_idx[:bs],
             max_seqlen_q=1, num_splits=self._num_splits(bs), mid_o=cap.mid_o[:bs], mid_lse=cap.mid_lse[:bs],
