@@ -40,8 +40,7 @@ for _i, _stage in enumerate(STAGES):
 def tests(session: nox.Session) -> None:
     """All stages' tests and the shared suite for every stage, in one pytest run."""
     paths = [str(Path(s) / "tests") for s in STAGES if (Path(s) / "tests").is_dir()]
-    extra = [p for p in ("tests",) if Path(p).is_dir()]
-    session.run("python", "-m", "pytest", *paths, *extra, "shared_tests", "tools/tests", *session.posargs)
+    session.run("python", "-m", "pytest", *paths, "shared_tests", "tools/tests", *session.posargs)
 
 
 @nox.session

@@ -84,7 +84,7 @@ RANDOM_MODELS: dict[str, RandomModelSpec] = {
              rope_parameters=dict(rope_type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25),
              linear_conv_kernel_dim=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
              linear_value_head_dim=16, tie_word_embeddings=False, attention_bias=False),
-        seed=9,  # the first seed from 5 whose suite margins all clear 1e-2 (wip/capstone/tools/check_margins.py)
+        seed=9,  # seeds 5-8 left a shared-suite prompt with a greedy top-2 gap under 1e-2; 9 clears them all
     ),
     "qwen3-0.6b-shape": RandomModelSpec(
         "Qwen3-0.6B shape (28 layers, hidden 1024, 16q/8kv heads, head_dim 128, vocab 151936), random bf16",
