@@ -1,5 +1,42 @@
+"""`python -m bench [COMMAND] [ARGS]`: the one entry point of the benchmarks (`python -m bench COMMAND --help`).
+
+commands:
+  run            (the default) HF transformers and every stage on the same workloads, plus the ablations
+  serve          one server: time to first token and tokens/s at 1 and 16 clients, a request-rate sweep (--rates)
+  worker         one engine, one configuration, one process: what `run` starts for every measurement
+  breakdown      where one offline `generate` spends its time: per step host vs device, a kernel profile (GPU)
+  decode-sweep   the Triton decode kernel's launch parameters at the real workload's shapes (GPU)
+  tp             TP 1 vs TP 2: fp32 equality with HF, bf16 agreement and throughput (2 GPUs)
+  tp-logits      TP 1 vs TP 2 teacher-forced logits against HF, and the all-reduce's cost (2 GPUs)
+
+Results go to bench/local/ (gitignored) unless `--out` says otherwise; `--out bench/results` replaces the committed
+results of this machine. bench/README.md describes the workloads and every column.
+"""
+
+from __future__ import annotations
+
+import importlib
 import sys
 
-from .run import main
+COMMANDS = {"run": "run", "serve": "serve", "worker": "worker", "breakdown": "gpu_breakdown",
+            "decode-sweep": "gpu_decode_sweep", "tp": "gpu_tp", "tp-logits": "gpu_tp_logits"}
 
-sys.exit(main())
+
+def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if argv and not argv[0].startswith("-"):
+        if argv[0] not in COMMANDS:
+            print(f"python -m bench: unknown command {argv[0]!r}; one of {', '.join(COMMANDS)} (or only flags: run)",
+                  file=sys.stderr)
+            return 2
+        name, argv = argv[0], argv[1:]
+    else:
+        name = "run"
+    # imported on demand: the GPU commands import triton, which a CPU machine may lack
+    return importlib.import_module(f"bench.{COMMANDS[name]}").main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from .meta import ROOT
+
 STAGES = ["stage0_tiny", "stage1_correct", "stage2_scheduled", "stage3_served", "stage4_fast"]
 ENGINES = ["hf", *STAGES]
 LLM_STAGES = STAGES[2:]  # offline LLM.generate
@@ -259,5 +260,5 @@ def launch_server(stage: str, model: str, log_path: Path, dtype: str, timeout_s:
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # the session we created for it: only its own processes
+                os.killpg(proc.pid, signal.SIGKILL)  # the process group we started it in: only its own processes
                 proc.wait()

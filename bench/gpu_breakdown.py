@@ -1,6 +1,6 @@
 """Where the time of one offline `generate` goes: per step host time vs device time, and a kernel profile.
 
-    python -m bench.gpu_breakdown --gpu [--options '{"page_size": 16}'] [--json out.json] [--profile-step 200]
+    python -m bench breakdown --gpu [--options '{"page_size": 16}'] [--json out.json] [--profile-step 200]
 
 Runs the offline workload of `python -m bench` (GPU: upstream's 256 requests) through `stage4_fast.LLM` twice:
 
@@ -30,9 +30,10 @@ from pathlib import Path
 
 import torch
 
+from . import meta
+from .meta import ROOT
 from .workloads import offline_workload
 
-ROOT = Path(__file__).resolve().parents[1]
 BANDS = [(1, 32), (33, 128), (129, 256), (257, 1 << 30)]
 
 
@@ -267,8 +268,8 @@ def report(name: str, s: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_breakdown", description=__doc__,
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench breakdown", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, upstream's 256 requests")
     ap.add_argument("--model", type=Path, default=None)
@@ -307,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[{label}] engine ready in {time.perf_counter() - t0:.1f} s; module {sys.modules[args.stage].__file__}",
           flush=True)
     inst = Instrument(llm, cuda=args.gpu)
-    out: dict = {"label": label, "options": options, "workload": w.note, "requests": len(w.prompts)}
+    out: dict = {"meta": meta.run_meta("python -m bench breakdown", argv, gpu=args.gpu), "label": label,
+                 "options": options, "workload": w.note, "requests": len(w.prompts)}
     inst.reset()
     t0 = time.perf_counter()
     results = llm.generate(w.prompts, params, use_tqdm=False)
@@ -334,7 +336,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     llm.shutdown()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

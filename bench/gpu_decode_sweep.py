@@ -1,6 +1,6 @@
 """Triton decode-attention launch sweep on a GPU at the upstream workload's real shapes and slot layout (one layer).
 
-    python -m bench.gpu_decode_sweep [--json out.json]
+    python -m bench decode-sweep [--json out.json]
 
 Layout as the engine allocates with page size 1: each prompt's slots contiguous, in admission order, then every
 decode step takes one slot per running request from the front of the free list (so decode tokens interleave).
@@ -20,14 +20,15 @@ import triton
 from stage4_fast.kernel import triton_attention as ta
 from stage4_fast.kernel import triton_fused as tf
 
+from . import meta
 from .workloads import offline_upstream
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_decode_sweep", description=__doc__,
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench decode-sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default=None, help="write every timing here")
-    args = ap.parse_args()
+    ap.add_argument("--json", default=None, help="write every timing here (with the run's date, commit, versions)")
+    args = ap.parse_args(argv)
 
     dev = "cuda"
     w = offline_upstream()
@@ -112,9 +113,7 @@ def main() -> None:
     best = ranked[0][1]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "best": best}, f)
+            json.dump({"meta": meta.run_meta("python -m bench decode-sweep", argv, gpu=True), "results": results,
+                       "best": best}, f)
     print("BEST", *best)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

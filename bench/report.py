@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .meta import pct
+
+TITLE = "# Benchmark: "  # what a results file written by `python -m bench` starts with
 LABELS = {"hf": "HF transformers", "stage0_tiny": "stage0_tiny", "stage1_correct": "stage1_correct",
           "stage2_scheduled": "stage2_scheduled", "stage3_served": "stage3_served", "stage4_fast": "stage4_fast"}
 
@@ -20,11 +23,6 @@ def _err(results: dict, key: str) -> str | None:
     return None if job is None else job.get("error")
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
 def _num(x: float | None, digits: int = 1) -> str:
     if x is None:
         return "–"
@@ -35,7 +33,7 @@ def _lat(serve: dict | None, c: str, key: str) -> str:
     if not serve or c not in serve or not serve[c][key]:
         return "–"
     xs = serve[c][key]
-    return f"{_pct(xs, 0.5) * 1e3:,.0f} / {_pct(xs, 0.99) * 1e3:,.0f}"
+    return f"{pct(xs, 0.5) * 1e3:,.0f} / {pct(xs, 0.99) * 1e3:,.0f}"
 
 
 def stage_table(results: dict) -> str:
@@ -178,7 +176,8 @@ def plot_all(results: dict, out_dir: Path, prefix: str) -> list[str]:
         if off:
             _cdf(ax, off["finish_s"], "-", LABELS[e])
     ax.set(title="offline workload: request completion time", xlabel="seconds since start", ylabel="CDF")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     for ax, key, title in ((axes[1], "ttft_s", "server TTFT"), (axes[2], "itl_s", "server inter-token latency")):
         for e in results["engines"]:
             serve = _task(results, f"serve:{e}", "serve")
@@ -228,7 +227,7 @@ def _save(fig, path: Path) -> str:
 def markdown(results: dict, images: list[str]) -> str:
     m = results["meta"]
     sizes = results["sizes"]
-    lines = [f"# Benchmark: {m['machine']}{' (quick mode)' if m['quick'] else ''}", "",
+    lines = [f"{TITLE}{m['machine']}{' (quick mode)' if m['quick'] else ''}", "",
              f"- date: {m['date']}; total {m['total_s'] / 60:.1f} min",
              f"- command: `{m['command']}`",
              f"- machine: {m['hardware']}; load average (1/5/15 min) {m['load_before']} at start, {m['load_after']} "
@@ -258,7 +257,7 @@ def markdown(results: dict, images: list[str]) -> str:
               + ", ".join(f"{c} client{'s' if c != '1' else ''}: {n} requests" for c, n in
                           results["serve_requests"].items())
               + "; ITL = gaps between streamed chunks",
-              "- each engine runs in its own process (`python -m bench.worker`); ⚠ = an output length differed",
+              "- each engine runs in its own process (`python -m bench worker`); ⚠ = an output length differed",
               ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(results["skipped"]), ""]
@@ -275,28 +274,3 @@ def markdown(results: dict, images: list[str]) -> str:
         lines += ["Not run: " + "; ".join(results["ablation_notes"]), ""]
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in images] + ["", f"Raw numbers: `{m['json']}`.", ""]
     return "\n".join(lines)
-
-
-def readme_section(results: dict, results_dir: str = "bench/results") -> str:
-    """The top-level README's results section: the same tables and plots as the results file, linked to it."""
-    m = results["meta"]
-    md = f"{results_dir}/{m['json'].removesuffix('.json')}.md"
-    lines = [f"Latest full CPU run ({m['date']}, `{m['command']}`, {m['hardware']}; other processes used "
-             f"{m['foreign_cpu']:.0%} of the CPUs meanwhile; {m['model']} {m['dtype']}). Every number below is "
-             f"copied from [`{md}`]({md}); other machines' results are in [`{results_dir}/`]({results_dir}/).", "",
-             stage_table(results), ""]
-    rows = ablation_rows(results)
-    if rows:
-        lines += [ablation_table(rows), ""]
-    prefix = m["json"].removesuffix(".json")
-    here = Path(__file__).resolve().parent / "results"
-    lines += [f"![{kind}]({results_dir}/{prefix}_{kind}.png)" for kind in ("throughput", "latency", "ablations")
-              if (here / f"{prefix}_{kind}.png").exists()]
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    import json
-    import sys
-
-    print(readme_section(json.loads(Path(sys.argv[1]).read_text())))

@@ -1,35 +1,33 @@
-"""`python -m bench`: HF transformers and every stage on the same model and workloads, plus the ablations, in one run.
+"""`python -m bench [run]`: HF transformers and every stage on the same model and workloads, plus the ablations.
 
-Every engine and every ablation configuration runs in its own `python -m bench.worker` process (one after another,
-so they never compete for cores); this process only plans, shows progress, and writes
-`bench/results/<machine>.md` + `.json` + PNGs (`<machine>-quick.*` with --quick). A rerun overwrites only its own
-machine's files.
+Every engine and every ablation configuration runs in its own `python -m bench worker` process (one after another,
+so they never compete for cores); this process only plans, shows progress, and writes `<machine>.md` + `.json` +
+PNGs (`<machine>-quick.*` with --quick) into bench/local/ (gitignored), or with `--out bench/results` over the
+committed results of that machine (no other machine's files are touched).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.util
 import json
 import os
-import platform
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from tqdm import tqdm
 
-from .adapters import ENGINES, LLM_STAGES, ROOT, SERVER_STAGES
-from .report import ablation_rows, ablation_table, markdown, plot_all, stage_table
+from . import meta
+from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES
+from .meta import ROOT
+from .report import TITLE, ablation_rows, ablation_table, markdown, plot_all, stage_table
 from .workloads import SIZES, offline_workload
 
-RESULTS = Path(__file__).resolve().parent / "results"
+NO_PLOTS = 'note: matplotlib is not installed, so this run writes no plots (pip install -e ".[bench]")'
 BUSY = 0.15  # a job during which other processes used more than this share of the CPUs was measured on a busy machine
 CPU_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 GPU_MODEL = ROOT / "models" / "qwen3-0.6b-shape"
@@ -148,8 +146,8 @@ def _tp_model(model: Path, tp: int) -> Path | None:
 
 def run_job(job: Job, args: argparse.Namespace, log_dir: Path) -> dict:
     log = log_dir / f"{job.key.replace(':', '_')}.log"
-    cmd = [sys.executable, "-m", "bench.worker", "--stage", job.stage, "--task", ",".join(job.tasks), "--json",
-           "--model", str(job.model or args.model), "--options", json.dumps(job.options), "--log", str(log)]
+    cmd = [sys.executable, "-m", "bench", "worker", "--stage", job.stage, "--task", ",".join(job.tasks), "--json",
+           "--model", meta.relative(job.model or args.model), "--options", json.dumps(job.options), "--log", str(log)]
     cmd += ["--quick"] * args.quick + ["--gpu"] * args.gpu
     env = dict(os.environ, TQDM_DISABLE="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0, foreign = time.perf_counter(), ForeignCPU()
@@ -170,57 +168,11 @@ def run_job(job: Job, args: argparse.Namespace, log_dir: Path) -> dict:
     return rec
 
 
-def _git() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def _gpus() -> list[str]:
-    if not shutil.which("nvidia-smi"):
-        return []
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
-
-
-def _hardware(gpus: list[str]) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    text = f"{cpu}, {len(os.sched_getaffinity(0))} cores, {mem:.0f} GiB RAM"
-    return text + (f"; {len(gpus)}× {gpus[0]}" if gpus else "")
-
-
-def machine_key(gpus: list[str], gpu: bool) -> str:
-    if not gpu:
-        return "cpu"
-    name = gpus[0] if gpus else "gpu"
-    key = next((t for t in name.lower().replace("-", " ").split() if any(c.isdigit() for c in t)), "gpu")
-    return key + (f"-x{len(gpus)}" if len(gpus) > 1 else "")
-
-
-def _versions() -> str:
-    out = [f"python {platform.python_version()}"]
-    for pkg in ("torch", "transformers"):
-        try:
-            out.append(f"{pkg} {metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            pass
-    return ", ".join(out)
-
-
-def _load() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench [run]", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="reduced sizes (a few minutes on 2 cores); writes "
-                                                         "<machine>-quick.*, not the machine's main results")
+                                                         "<machine>-quick.*, never the machine's main results")
     ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, Qwen3-0.6B shape, upstream's 256-request workload")
     ap.add_argument("--stages", nargs="+", default=["hf", "stage0", "stage1", "stage2", "stage3", "stage4"],
                     help="engines to run: hf stage0 ... stage4 (space or comma separated; default: all that exist)")
@@ -233,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run only these ablation groups: radix chunked overlap page graph attn tp (default: all)")
     ap.add_argument("--no-serve", action="store_true", help="skip the server jobs (TTFT / ITL)")
     ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: bench/results)")
+    ap.add_argument("--out", type=Path, default=meta.LOCAL,
+                    help="results directory (default: bench/local/, gitignored); `--out bench/results` replaces the "
+                         "committed results of this machine")
     ap.add_argument("--rerun-busy", type=int, default=None, metavar="N",
                     help="measure again up to N jobs during which other processes used > 15%% of the CPUs, keeping "
                          "the quieter run (default: all of them in a full run, none with --quick)")
@@ -242,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     args.timeout = args.timeout or (600 if args.quick else 3600)
     if args.rerun_busy is None:
         args.rerun_busy = 0 if args.quick else 1000
+    if importlib.util.find_spec("matplotlib") is None:
+        print(NO_PLOTS, file=sys.stderr)  # said now, not after an hour of measuring
     t_start = time.perf_counter()
 
-    gpus = _gpus() if args.gpu else []
+    gpus = meta.gpus() if args.gpu else []
     if args.gpu and not gpus:
         raise SystemExit("--gpu: no NVIDIA GPU found (nvidia-smi)")
     if args.model is None:
@@ -254,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                            check=True)
     if not (args.model / "config.json").exists():
         raise SystemExit(f"no model at {args.model}; prepare the default one with: python -m models prepare smollm2")
-    args.model = args.model.resolve()
+    args.model = Path(os.path.abspath(args.model))  # not resolve(): the results print it relative to the repo
 
     skipped = []
     engines = []
@@ -266,14 +222,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {e} is not built yet — skipped", file=sys.stderr)
     jobs, abl_stage, notes = plan(engines, args, len(gpus))
 
-    machine = args.machine or machine_key(gpus, args.gpu)
+    machine = args.machine or meta.machine_key(gpus, args.gpu)
     prefix = machine + ("-quick" if args.quick else "")
+    written_up = args.out / f"{prefix}.md"
+    if written_up.exists() and not written_up.read_text().startswith(TITLE):  # e.g. results/h200.md, a write-up
+        raise SystemExit(f"{written_up} was written by hand, not by a run: choose another --out or --machine")
     args.out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix=f"bench-{prefix}-"))
     sizes = SIZES["gpu" if args.gpu else "cpu", args.quick]
     vocab = json.loads((args.model / "config.json").read_text()).get("vocab_size", 0)
     w = offline_workload(args.gpu, args.quick, vocab)
-    load_before = _load()
+    load_before = meta.load()
     results: dict = {
         "engines": engines, "skipped": skipped, "ablation_stage": abl_stage, "ablation_notes": notes,
         "offline_workload": w.note + f" ({w.prompt_tokens:,} prompt / {w.output_tokens:,} output tokens)",
@@ -299,12 +258,12 @@ def main(argv: list[str] | None = None) -> int:
             rec["replaced_foreign_cpu"] = old["foreign_cpu"]
             results["jobs"][job.key] = rec
 
-    load_after = _load()
+    load_after = meta.load()
     start_load = float(load_before.split("/")[0])  # the end value includes this run's own threads
     results["meta"] = {
-        "machine": machine, "quick": args.quick, "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "command": " ".join(["python -m bench", *argv]), "hardware": _hardware(gpus), "versions": _versions(),
-        "git": _git(), "model": os.path.relpath(args.model, ROOT), "dtype": "bfloat16" if args.gpu else "float32",
+        "machine": machine, "quick": args.quick, "date": meta.now(), "command": meta.command("python -m bench", argv),
+        "hardware": meta.hardware(gpus), "versions": meta.versions(args.gpu), "git": meta.git_commit(),
+        "model": meta.relative(args.model), "dtype": "bfloat16" if args.gpu else "float32",
         "device": "cuda" if args.gpu else "cpu", "threads": next(
             (r["result"]["threads"] for r in results["jobs"].values() if "result" in r), None),
         "load_before": load_before, "load_after": load_after, "total_s": time.perf_counter() - t_start,
@@ -319,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{results['meta']['dtype']}, {results['meta']['date']}")
     try:
         images = plot_all(results, args.out, prefix)
-    except ImportError:  # e.g. a GPU box without matplotlib: the table still gets written
+    except ImportError:  # the table still gets written
         images = []
-        print("note: matplotlib is not installed — no plots (pip install matplotlib)", file=sys.stderr)
+        print(NO_PLOTS, file=sys.stderr)
     (args.out / f"{prefix}.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / f"{prefix}.md").write_text(markdown(results, images))
 

@@ -1,4 +1,4 @@
-"""One engine, one configuration, one process: ``python -m bench.worker --stage X --task Y[,Z] --json``.
+"""One engine, one configuration, one process: ``python -m bench worker --stage X --task Y[,Z] --json``.
 
 The parent (`python -m bench`) runs every stage and every ablation configuration through this module in a fresh
 process, so global state (a stage's global context, torch's allocator, the peak-memory watermark) never leaks from
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from .adapters import ENGINES, LLM_STAGES, ROOT, SERVER_STAGES, GenResult, launch_server, load_adapter, sync
+from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES, GenResult, launch_server, load_adapter, sync
+from .meta import relative
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
 TASKS = ["prefill", "decode", "offline", "serve", "serve_offline", "shared_prefix", "long_prompt"]
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace) -> dict:
     threads = physical_cores()
     torch.set_num_threads(threads)  # what the stages pick themselves: hyper-threads do not help GEMMs
     log = Path(args.log or tempfile.mktemp(prefix="bench-server-", suffix=".log"))
-    result: dict = {"stage": args.stage, "model": os.path.relpath(args.model, ROOT), "options": options,
+    result: dict = {"stage": args.stage, "model": relative(args.model), "options": options,
                     "threads": threads, "device": str(device), "tasks": {}}
 
     w = offline_workload(args.gpu, args.quick, vocab)
@@ -319,8 +320,8 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__,
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench worker", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", required=True, choices=ENGINES, help="engine: hf or a stage package")
     ap.add_argument("--task", required=True, help=f"comma-separated, from {TASKS}")
@@ -342,7 +343,3 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1), file=real_stdout, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

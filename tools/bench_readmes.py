@@ -1,5 +1,5 @@
 """Copy benchmark figures from the committed results files into the READMEs, so every figure a README quotes comes
-from `bench/results/` (run after `python -m bench`).
+from `bench/results/` (run after `python -m bench --out bench/results`).
 
     python tools/bench_readmes.py          # rewrite the marked blocks
     python tools/bench_readmes.py --check  # exit 1 if a README is out of date

@@ -9,9 +9,9 @@
 #         carry=[".whl", "models/SmolLM2-135M-Instruct/tokenizer.json",
 #                "models/SmolLM2-135M-Instruct/tokenizer_config.json",
 #                "models/SmolLM2-135M-Instruct/chat_template.jinja"])
-# Modes: download | tests | bench | all (tests then bench) | tp (2 GPUs: tools/gpu_tp.py) | tp8b (2 GPUs: the 8B
-# shape's TP 1 vs 2 throughput in what is left of CALL_BUDGET seconds, tools/gpu_tp.py; its teacher-forced TP check
-# and the all-reduce timing, tools/gpu_tp_logits.py; TP8B_PARTS picks among "throughput logits allreduce",
+# Modes: download | tests | bench | all (tests then bench) | tp (2 GPUs: python -m bench tp) | tp8b (2 GPUs: the 8B
+# shape's TP 1 vs 2 throughput in what is left of CALL_BUDGET seconds, python -m bench tp; its teacher-forced TP check
+# and the all-reduce timing, python -m bench tp-logits; TP8B_PARTS picks among "throughput logits allreduce",
 # TP8B_SHAPES the throughput runs, name:sequences). A device command may run 600 s: "all" gives the tests
 # TESTS_TIMEOUT (280 s) and the benchmark BENCH_TIMEOUT (280 s); run "tests" and "bench" as separate calls (within
 # ~30 s the machine is still warm) to give each more. BENCH_ARGS overrides the benchmark's arguments.
@@ -103,15 +103,15 @@ case $MODE in
   tests) run_tests || status=$? ;;
   bench) run_bench || status=$? ;;
   all) run_tests || status=$?; run_bench || status=$? ;;
-  tp) python3 -m models make tiny-qwen3 && python3 tools/gpu_tp.py --out "$OUT" --deadline-s "${TP_DEADLINE:-300}" \
-        || status=$? ;;  # nvidia-h200-x2: TP 1 vs 2 (NCCL), see tools/gpu_tp.py
+  tp) python3 -m models make tiny-qwen3 && python3 -m bench tp --out "$OUT" --deadline-s "${TP_DEADLINE:-300}" \
+        || status=$? ;;  # nvidia-h200-x2: TP 1 vs 2 (NCCL), see bench/gpu_tp.py
   tp8b) python3 -m models make qwen3-8b-shape --device cuda || status=$?
     for part in ${TP8B_PARTS:-throughput logits allreduce}; do
       case $part in
-        throughput) python3 tools/gpu_tp.py --out "$OUT" --no-tiny --shapes ${TP8B_SHAPES:-qwen3-8b-shape:256} \
+        throughput) python3 -m bench tp --out "$OUT" --no-tiny --shapes ${TP8B_SHAPES:-qwen3-8b-shape:256} \
                       --deadline-s $(( ${CALL_BUDGET:-570} - SECONDS )) || status=$? ;;
-        logits) python3 tools/gpu_tp_logits.py --parts logits --out "$OUT" || status=$? ;;
-        allreduce) timeout 150 python3 tools/gpu_tp_logits.py --parts allreduce --out "$OUT" || status=$? ;;
+        logits) python3 -m bench tp-logits --parts logits --out "$OUT" || status=$? ;;
+        allreduce) timeout 150 python3 -m bench tp-logits --parts allreduce --out "$OUT" || status=$? ;;
       esac
     done ;;
   *) echo "usage: $0 download|tests|bench|all|tp|tp8b"; exit 2 ;;

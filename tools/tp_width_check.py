@@ -1,6 +1,6 @@
 """TP sharding at a real model's widths, on a CPU: fp32 greedy of stage4 at TP 1 and TP N (gloo) against HF.
 
-The GPU TP runs (tools/gpu_tp.py) compare bf16 outputs, where TP's different reduction order rounds differently;
+The GPU TP runs (`python -m bench tp`) compare bf16 outputs, where TP's different reduction order rounds differently;
 this check removes rounding from the question. It takes a shape from models/random_models.py (e.g. the Qwen3-8B
 shape: 32 query / 8 KV heads, intermediate 12288, vocabulary 151,936, untied head), keeps its widths, cuts its
 depth to --layers so it fits a CPU, and asks for token-for-token equality in fp32.

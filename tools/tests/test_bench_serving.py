@@ -68,7 +68,7 @@ def test_request_rate_sends_on_a_seeded_poisson_schedule(monkeypatch):
 
 
 def test_rates_must_be_positive():
-    from bench import online
+    from bench import serve
 
     with pytest.raises(SystemExit):
-        online.main(["--rates", "0"])
+        serve.main(["--rates", "0"])

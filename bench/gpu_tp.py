@@ -1,13 +1,14 @@
-"""Tensor parallelism on real GPUs, in one device call (`bash tools/gpu_check.sh tp` on nvidia-h200-x2).
+"""`python -m bench tp`: tensor parallelism on 2 GPUs, TP 1 against TP 2.
 
 1. fp32 token for token: tiny Qwen3 through stage4's offline `LLM` at TP 1 and TP 2 (NCCL) against HF `generate`.
 2. bf16 agreement and speed: a Qwen3 shape with random weights (0.6B, then 8B while the deadline allows) on the
    upstream offline workload at TP 1 and TP 2 — output tok/s and how many sequences come out identical.
 
 Every engine runs in a subprocess of its own (its GPU memory goes back with it); results are appended to
-`$OUT/tp.jsonl` as they come, so a call that runs out of time still returns what it measured.
+`OUT_DIR/tp.jsonl` as they come (the first line: date, command, commit, versions, machine), so a run stopped by a
+time limit still leaves what it measured; `--deadline-s` starts no new step past that many seconds.
 
-    python tools/gpu_tp.py --out $OUT [--deadline-s 300]
+    python -m bench tp [--out OUT_DIR] [--deadline-s 300] [--shapes qwen3-8b-shape:256] [--no-tiny]
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from . import meta
+from .meta import ROOT
 
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
 
@@ -29,8 +30,9 @@ def _one(args: argparse.Namespace) -> dict:
     """One engine in this process: generate and report outputs + timing."""
     import torch
 
-    from bench.workloads import offline_upstream
     from stage4_fast import LLM, SamplingParams
+
+    from .workloads import offline_upstream
 
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     if args.workload == "prompts":
@@ -71,7 +73,7 @@ def _hf(model: str) -> list[list[int]]:
 
 
 def _run(model: str, tp: int, dtype: str, workload: str, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--one", "--model", model, "--tp", str(tp), "--dtype", dtype,
+    cmd = [sys.executable, "-m", "bench", "tp", "--one", "--model", model, "--tp", str(tp), "--dtype", dtype,
            "--workload", workload]
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(timeout, 1))
@@ -89,18 +91,19 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> dict:
             "mean_length": sum(map(len, a)) / max(len(a), 1)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench tp", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--workload", default="256")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/gpu_tp"))
+    ap.add_argument("--out", type=Path, default=meta.LOCAL / "tp", help="folder for tp.jsonl (default: bench/local/tp)")
     ap.add_argument("--deadline-s", type=float, default=300.0, help="start no new step past this many seconds")
     ap.add_argument("--shapes", nargs="*", default=["qwen3-0.6b-shape:256", "qwen3-8b-shape:64"])
     ap.add_argument("--no-tiny", action="store_true", help="skip the fp32 tiny-model check against HF")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(_one(args)))
         return 0
@@ -117,6 +120,7 @@ def main() -> int:
         log.flush()
         print(json.dumps(rec), flush=True)
 
+    record({"run": meta.run_meta("python -m bench tp", argv, gpu=True)})
     if not args.no_tiny:
         tiny = str(ROOT / "models" / "tiny-qwen3")
         ref = _hf(tiny)
@@ -143,7 +147,3 @@ def main() -> int:
             record({"step": f"{name} bf16 TP2 vs TP1", **_agreement(res[1]["token_ids"], res[2]["token_ids"]),
                     "speedup": res[2]["tok_s"] / res[1]["tok_s"]})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

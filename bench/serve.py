@@ -1,72 +1,48 @@
-"""`python -m bench.online`: the server's time to first token and tokens/s at 1 and 16 concurrent clients (CPU),
-and with `--rates` a request-rate sweep.
+"""`python -m bench serve`: one server's time to first token and tokens/s at 1 and 16 concurrent clients (CPU), and
+with `--rates` a request-rate sweep.
 
-Starts `python -m <stage> --model DIR` (stage3_served by default, SmolLM2 fp32), warms it up, then for each
-concurrency runs the `serve` workload of `workloads.py` (token-id prompts of randint(32, 256) tokens, 64 output
+Starts `python -m <stage> --model DIR` (the newest served stage by default, SmolLM2 fp32), warms it up, then for
+each concurrency runs the `serve` workload of `workloads.py` (token-id prompts of randint(32, 256) tokens, 64 output
 tokens, EOS ignored, greedy, `/v1/completions` streamed) with that many clients, each sending its next request when
 the previous one is done. `--rates 0.5 1 2` then sends the same kind of workload open-loop, as `bench_serving
 --request-rate` does in SGLang and vLLM: Poisson arrivals at each rate (requests/s), so queueing shows in TTFT once
-the rate passes what the server sustains. Writes `bench/results/cpu-online.md` (date, machine, command, load
-average, figures). The same client measurement is the `serve` task of `python -m bench`; this script is the quick
-standalone version.
+the rate passes what the server sustains. Writes one markdown file (date, machine, command, commit, versions, load
+average, figures). The 1 and 16 client runs are also the `serve` task of `python -m bench`, for every served stage.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from .adapters import ROOT, SERVER_STAGES, launch_server
-from .worker import _run_clients, _run_rate
+from . import meta
+from .adapters import SERVER_STAGES, launch_server
+from .meta import ROOT, pct
+from .worker import _run_clients, _run_rate, vocab_size
 from .workloads import SIZES, serve_workload
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
-VOCAB = 49152  # SmolLM2's tokenizer (the tiny models share it)
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
-def _machine() -> str:
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or "unknown CPU"
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
-
-
-def _commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return r.stdout.strip() or "uncommitted"
 
 
 def run(stage: str, model: str, quick: bool, rates: list[float], rate_requests: int) -> tuple[list[dict], list[dict]]:
     sizes = SIZES["cpu", quick]
-    log = Path(tempfile.mkstemp(prefix="bench-online-", suffix=".log")[1])
+    vocab = vocab_size(model)
+    log = Path(tempfile.mkstemp(prefix="bench-serve-", suffix=".log")[1])
     rows, rate_rows = [], []
     with launch_server(stage, model, log, "float32") as url:
-        asyncio.run(_run_clients(url, serve_workload(sizes, VOCAB, 1, seed=7), 1))  # warm-up
+        asyncio.run(_run_clients(url, serve_workload(sizes, vocab, 1, seed=7), 1))  # warm-up
         for clients in sizes.serve_clients:
             # a seed of its own per run: the radix cache holds earlier runs' prompts (a repeat skips its prefill)
-            w = serve_workload(sizes, VOCAB, sizes.serve_requests[clients], seed=100 + clients)
+            w = serve_workload(sizes, vocab, sizes.serve_requests[clients], seed=100 + clients)
             r = asyncio.run(_run_clients(url, w, clients))
             rows.append({**r, "prompt_len": sizes.serve_prompt_len, "output_len": sizes.serve_output_len})
             print(f"{clients:>2} clients: TTFT p50 {statistics.median(r['ttft_s']) * 1e3:.0f} ms, "
                   f"{r['tok_s']:.1f} output tok/s", flush=True)
         for i, rate in enumerate(rates):
-            r = asyncio.run(_run_rate(url, serve_workload(sizes, VOCAB, rate_requests, seed=200 + i), rate))
+            r = asyncio.run(_run_rate(url, serve_workload(sizes, vocab, rate_requests, seed=200 + i), rate))
             rate_rows.append(r)
             print(f"{rate:g} req/s: TTFT p50 {statistics.median(r['ttft_s']) * 1e3:.0f} ms, "
                   f"{r['tok_s']:.1f} output tok/s", flush=True)
@@ -74,16 +50,16 @@ def run(stage: str, model: str, quick: bool, rates: list[float], rate_requests: 
     return rows, rate_rows
 
 
-def markdown(rows: list[dict], rate_rows: list[dict], stage: str, model: str, command: str,
+def markdown(rows: list[dict], rate_rows: list[dict], stage: str, model: str, info: dict,
              load: tuple[str, str]) -> str:
     lines = [
         "# Online serving on CPU: time to first token and tokens/s",
         "",
-        f"- date: {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
-        f"- machine: {_machine()}",
-        f"- command: `{command}`",
-        f"- server: `python -m {stage} --model {Path(model).name} --dtype float32` (defaults otherwise), "
-        f"commit {_commit()}",
+        f"- date: {info['date']}",
+        f"- machine: {info['hardware']}",
+        f"- command: `{info['command']}`",
+        f"- server: `python -m {stage} --model {meta.relative(model)} --dtype float32` (defaults otherwise), "
+        f"git {info['git']}; {info['versions']}",
         f"- load average (1/5/15 min) at start {load[0]}, at end {load[1]} (a shared machine: figures are noisy)",
         f"- workload: `/v1/completions` streamed, token-id prompts of randint{rows[0]['prompt_len']} tokens, "
         f"{rows[0]['output_len']} output tokens (EOS ignored, greedy); each client sends its next request when the "
@@ -97,7 +73,7 @@ def markdown(rows: list[dict], rate_rows: list[dict], stage: str, model: str, co
         tpot = statistics.median(r["tpot_s"])
         lines.append(
             f"| {r['concurrency']} | {r['requests']} | {statistics.median(r['ttft_s']) * 1e3:.0f} | "
-            f"{_pct(r['ttft_s'], 0.9) * 1e3:.0f} | {tpot * 1e3:.1f} | {1 / tpot:.1f} | {r['tok_s']:.1f} | "
+            f"{pct(r['ttft_s'], 0.9) * 1e3:.0f} | {tpot * 1e3:.1f} | {1 / tpot:.1f} | {r['tok_s']:.1f} | "
             f"{r['seconds']:.1f} |"
         )
     lines += ["", "TTFT: request sent to first streamed token. TPOT: per-token time of one request after its first "
@@ -117,36 +93,32 @@ def markdown(rows: list[dict], rate_rows: list[dict], stage: str, model: str, co
         for r in rate_rows:
             lines.append(
                 f"| {r['rate']:g} | {r['requests']} | {statistics.median(r['ttft_s']) * 1e3:.0f} | "
-                f"{_pct(r['ttft_s'], 0.99) * 1e3:.0f} | {statistics.median(r['itl_s']) * 1e3:.0f} | "
-                f"{_pct(r['itl_s'], 0.99) * 1e3:.0f} | {statistics.median(r['tpot_s']) * 1e3:.1f} | "
+                f"{pct(r['ttft_s'], 0.99) * 1e3:.0f} | {statistics.median(r['itl_s']) * 1e3:.0f} | "
+                f"{pct(r['itl_s'], 0.99) * 1e3:.0f} | {statistics.median(r['tpot_s']) * 1e3:.1f} | "
                 f"{r['tok_s']:.1f} | {r['seconds']:.1f} |"
             )
         lines.append("")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.online", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--stage", default="stage3_served", choices=SERVER_STAGES)
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench serve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stage", default=SERVER_STAGES[-1], choices=SERVER_STAGES)
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
     ap.add_argument("--quick", action="store_true", help="fewer, shorter requests")
-    ap.add_argument("--out", default=str(RESULTS / "cpu-online.md"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="markdown file to write (default: bench/local/cpu-serve-<stage>.md, gitignored)")
     ap.add_argument("--rates", type=float, nargs="*", default=[], metavar="REQ_PER_S",
                     help="also run a request-rate sweep (Poisson arrivals) at these rates")
     ap.add_argument("--rate-requests", type=int, default=24, help="requests sent at each rate")
     args = ap.parse_args(argv)
     if any(r <= 0 for r in args.rates):
         ap.error("--rates: every rate must be > 0 requests/s")
-    load_start = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    out = args.out or meta.LOCAL / f"cpu-serve-{args.stage}{'-quick' if args.quick else ''}.md"
+    run_info = meta.run_meta("python -m bench serve", argv)
+    load_start = meta.load()
     rows, rate_rows = run(args.stage, args.model, args.quick, args.rates, args.rate_requests)
-    load_end = "/".join(f"{x:.2f}" for x in os.getloadavg())
-    command = "python -m bench.online" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(
-        sys.argv[1:] if argv is None else argv))
-    Path(args.out).write_text(markdown(rows, rate_rows, args.stage, args.model, command.strip(),
-                                       (load_start, load_end)))
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown(rows, rate_rows, args.stage, args.model, run_info, (load_start, meta.load())))
+    print(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,4 @@
-"""TP at the logit level, and what the all-reduce costs (issue 8; `bash tools/gpu_check.sh tp-logits` on
-nvidia-h200-x2).
+"""`python -m bench tp-logits`: TP at the logit level, and what the all-reduce costs (2 GPUs).
 
 Free-running bf16 greedy outputs of TP 1 and TP 2 part ways on a random 36-layer model (ties in nearly flat logits
 break differently), which cannot tell rounding from a sharding bug. Teacher forcing can: HF bf16 generates greedily,
@@ -11,8 +10,9 @@ Then an NCCL all-reduce micro-benchmark at the hidden size of the model and deco
 CUDA graph (as the decode step runs it), in µs per call, so the per-step cost of TP's 2 all-reduces per layer can be
 set against a measured decode step.
 
-Each result is appended to ``$OUT/tp_logits.jsonl`` as it comes. On a machine without GPUs the same code runs on the
-CPU over gloo (a dry run: ``python tools/gpu_tp_logits.py --model models/tiny-qwen3 --out /tmp/x``).
+Each result is appended to ``OUT_DIR/tp_logits.jsonl`` as it comes (the first line: date, command, commit, versions,
+machine). On a machine without GPUs the same code runs on the CPU over gloo (a dry run:
+``python -m bench tp-logits --model models/tiny-qwen3``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -30,8 +29,8 @@ from typing import Callable
 import torch
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from . import meta
+from .meta import ROOT
 
 CLEAR_GAP_OF_STD = 0.05  # a step counts as clear when HF's top-1 leads its top-2 by more than this × the logits' std
 
@@ -139,16 +138,18 @@ def allreduce_bench(tp: int, hidden: int, sizes: list, per_step: int, work: Path
     return json.loads(result.read_text())
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench tp-logits", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / "models" / "qwen3-8b-shape"))
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32, 64, 128, 256])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/gpu_tp_logits"))
+    ap.add_argument("--out", type=Path, default=meta.LOCAL / "tp",
+                    help="folder for tp_logits.jsonl (default: bench/local/tp)")
     ap.add_argument("--parts", nargs="*", choices=["logits", "allreduce"], default=["logits", "allreduce"])
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "tp_logits.jsonl").open("a")
     name = Path(args.model).name
@@ -158,6 +159,7 @@ def main() -> int:
         log.flush()
         print(json.dumps(rec), flush=True)
 
+    record({"run": meta.run_meta("python -m bench tp-logits", argv, gpu=torch.cuda.is_available())})
     from transformers import AutoConfig
 
     from stage4_fast.tests.teacher_forcing import hf_reference
@@ -184,7 +186,3 @@ def main() -> int:
             record({"step": f"all-reduce over {args.tp} ranks, [batch, {config.hidden_size}] bf16",
                     "per_decode_step": per_step, "rows": rows})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
