@@ -1,62 +1,65 @@
 #!/usr/bin/env bash
-# stage4_fast on the GPU machine (H200), in one device call: install the carried wheels, make the test models,
-# run the GPU test subset, run the offline benchmark. Everything it reports lands in $OUT.
+# The GPU tests and the GPU benchmark on a machine WITHOUT network access: what `nox -s gpu` does, with wheels
+# downloaded beforehand instead of pip's index, and without nox. The GPU machine needs CUDA and a python3 with torch,
+# transformers, pytest and matplotlib; the rest of what stage4 needs there comes from .whl/.
 #
-# Here (this machine, repo root), once:
-#     PYTHON=/work/venv/bin/python tools/gpu_check.sh download   # wheels into .whl/ (~20 MB), excluded from git
-# Then the device call (carry: .whl and the SmolLM2 tokenizer files, which the random models reuse):
-#     run(command="bash tools/gpu_check.sh all", timeout_s=600,
-#         carry=[".whl", "models/SmolLM2-135M-Instruct/tokenizer.json",
-#                "models/SmolLM2-135M-Instruct/tokenizer_config.json",
-#                "models/SmolLM2-135M-Instruct/chat_template.jinja"])
-# Modes: download | tests | bench | all (tests then bench) | tp (2 GPUs: python -m bench tp) | tp8b (2 GPUs: the 8B
-# shape's TP 1 vs 2 throughput in what is left of CALL_BUDGET seconds, python -m bench tp; its teacher-forced TP check
-# and the all-reduce timing, python -m bench tp-logits; TP8B_PARTS picks among "throughput logits allreduce",
-# TP8B_SHAPES the throughput runs, name:sequences). A device command may run 600 s: "all" gives the tests
-# TESTS_TIMEOUT (280 s) and the benchmark BENCH_TIMEOUT (280 s); run "tests" and "bench" as separate calls (within
-# ~30 s the machine is still warm) to give each more. BENCH_ARGS overrides the benchmark's arguments.
-# What fits one 600 s call (H200, measured 2026-11-30, JIT cache carried): HF alone on the full workload ~4 min
-#   BENCH_ARGS="--stages hf --no-ablations --no-serve --rerun-busy 0"
-# and stage4 + server + four ablation groups ~5 min
-#   BENCH_ARGS="--stages stage4 --ablations overlap graph attn page --rerun-busy 0"
-# JIT cache: FlashInfer (~75 s), the torch extension (~40 s) and Triton compile on a fresh machine. SAVE_JIT=1 packs
-# them into $OUT/jit.tgz.* (15 MB parts); copy those into .gpu/ here (excluded from git) and carry ".gpu": the next
-# call restores them (the installed wheels get old mtimes so ninja sees the carried builds as up to date).
-# FlashAttention 4 needs a 92 MB wheel (over one call's carry limit): see ../shared/GPU_NOTES.md; without it the
-# fa tests skip with that reason and "auto" picks FlashInfer (or Triton).
+# Where there is network, in the repository root, once (wheels for CPython 3.12, manylinux x86_64; ~20 MB):
+#     tools/gpu_check.sh download             # -> .whl/ (gitignored); PYTHON=... picks the pip that downloads
+# Then copy the repository with .whl/ and the SmolLM2 tokenizer files (models/SmolLM2-135M-Instruct/tokenizer.json,
+# tokenizer_config.json, chat_template.jinja: the random models reuse them) to the GPU machine, and there:
+#     tools/gpu_check.sh all                  # the GPU tests, then `python -m bench --gpu`
+#
+# Modes: download | tests | bench | all (tests, then bench) | tp (2 GPUs: `python -m bench tp`, no new step after
+# TP_DEADLINE seconds, default 300) | tp8b (2 GPUs, the Qwen3-8B shape: TP 1 vs 2 throughput, teacher-forced logits,
+# all-reduce timing; TP8B_PARTS picks among "throughput logits allreduce", TP8B_SHAPES the throughput runs as
+# name:sequences, TP8B_SECONDS bounds them, default 570).
+# Environment: OUT = results folder (default /tmp/gpu_check): env.txt (date, GPU, driver, versions, commit),
+# gpu_tests.txt/.xml, bench.txt and the benchmark's results files, tp*.jsonl. PYTEST_K narrows the tests (pytest -k),
+# e.g. PYTEST_K=triton after a change to the Triton kernels. BENCH_ARGS replaces the benchmark's arguments (default:
+# the full `--gpu` run), e.g. "--stages stage4 --no-ablations --no-serve". TESTS_TIMEOUT / BENCH_TIMEOUT stop a part
+# after that many seconds. Runs that have to fit a time limit (measured on an H200, compile caches warm): HF alone on
+# the full workload ~4 min ("--stages hf --no-ablations --no-serve --rerun-busy 0"); stage4 with the server and the
+# overlap, graph, attn and page ablations ~5 min ("--stages stage4 --ablations overlap graph attn page --rerun-busy 0").
+# Compile caches: a fresh machine spends ~2 min compiling FlashInfer (~75 s), the torch extension (~40 s) and the
+# Triton kernels. SAVE_JIT=1 packs those caches into jit.tgz.* (15 MB parts) in the results folder; put the parts in
+# .gpu/ (gitignored) of the copy that runs next and they are restored before the tests.
+# FlashAttention 4 (flash-attn-4, a pre-release 92 MB wheel) is not among the downloaded wheels: without it the fa
+# tests skip with that reason and "auto" attention picks Triton (stage4_fast/README.md).
 set -uo pipefail
 MODE=${1:-all}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 
-WHEELS=(  # versions as in the CPU venv; the GPU image has anyio, click, h11, msgpack, annotated-doc already
-  flashinfer-python==0.5.3 apache-tvm-ffi==0.1.15.post2  # attention kernels (JIT-compiled there on first use)
+WHEELS=(  # what stage4 needs beyond torch/transformers, at the versions the CPU tests use
+  flashinfer-python==0.5.3 apache-tvm-ffi==0.1.15.post2  # attention kernels (JIT-compiled on first use)
   pyzmq==27.3.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5
   annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2
 )
 
 if [[ $MODE == download ]]; then
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
   exec "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
 fi
 
-OUT=${OUT:-/tmp/gpu_check}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+out=${OUT:-/tmp/gpu_check}
+mkdir -p "$out"
+exec > >(tee -a "$out/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the machine's rules
+# NVLink multicast (NVLS) off, as in the recorded GPU results: on shared or virtualised multi-GPU hosts it can take
+# the GPUs out of service, and the all-reduces of 2 GPUs do not need it
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 if compgen -G ".whl/*.whl" > /dev/null; then
+  # --target: the machine's Python may be a system one that pip must not modify
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  find /tmp/site -type f -exec touch -d '2020-01-01' {} +  # JIT builds depend on these headers (see above)
+  find /tmp/site -type f -exec touch -d '2020-01-01' {} +  # restored JIT builds depend on these headers (see above)
 fi
 export FLASHINFER_WORKSPACE_BASE=/tmp/jit TORCH_EXTENSIONS_DIR=/tmp/jit/torch_ext TRITON_CACHE_DIR=/tmp/jit/triton
 mkdir -p /tmp/jit
-find stage4_fast/kernel/csrc -type f -exec touch -d '2020-01-01' {} +
+find stage4_fast/kernel/csrc -type f -exec touch -d '2020-01-01' {} +  # so that ninja sees restored builds as current
 if compgen -G ".gpu/jit.tgz.*" > /dev/null; then
   cat .gpu/jit.tgz.* | tar xzf - -C /tmp && echo "JIT cache restored from .gpu/jit.tgz.*"
 fi
@@ -64,6 +67,7 @@ export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (no .git in this copy)')"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 - <<'PY'
 import importlib.metadata as md
@@ -74,27 +78,31 @@ for p in ("torch", "triton", "transformers", "flashinfer-python", "apache-tvm-ff
         print(p, "not installed")
 PY
   nvcc --version | tail -1
-} | tee "$OUT/env.txt"
+} | tee "$out/env.txt"
 
 make_models() {
-  # the tiny models are seeded on the CPU, so they equal the ones the CPU tests use
+  # the tiny models are seeded on the CPU, so they equal the ones the CPU tests use (as in noxfile.py's GPU_MODELS)
   for m in tiny-qwen3 tiny-qwen3-moe; do python3 -m models make "$m" || return 1; done
-  python3 -m models make qwen3-0.6b-shape --device cuda
+  [[ -f models/qwen3-0.6b-shape/config.json ]] || python3 -m models make qwen3-0.6b-shape --device cuda
+}
+
+maybe_timeout() {  # maybe_timeout SECONDS CMD...: CMD, stopped after SECONDS when that is set
+  if [[ -n $1 ]]; then timeout "$1" "${@:2}"; else "${@:2}"; fi
 }
 
 run_tests() {
   make_models || { echo "model preparation failed"; return 1; }
-  # PYTEST_K narrows the subset (pytest -k), e.g. PYTEST_K=triton after a change to the Triton kernels
-  timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest stage4_fast/tests/test_gpu.py -v -rs -s -p no:cacheprovider \
-    ${PYTEST_K:+-k "$PYTEST_K"} --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt"
+  # the GPU subset, as noxfile.py's GPU_TESTS
+  maybe_timeout "${TESTS_TIMEOUT:-}" python3 -m pytest stage4_fast/tests/test_gpu.py \
+    stage4_fast/tests/test_fused_kernels.py -v -rs -s -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
+    --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.txt"
   return "${PIPESTATUS[0]}"
 }
 
 run_bench() {
   [[ -f models/qwen3-0.6b-shape/config.json ]] || python3 -m models make qwen3-0.6b-shape --device cuda
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-280}" python3 -m bench --gpu ${BENCH_ARGS:---stages hf stage4 --no-ablations} \
-    --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+  maybe_timeout "${BENCH_TIMEOUT:-}" python3 -m bench --gpu ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.txt"
   return "${PIPESTATUS[0]}"
 }
 
@@ -103,21 +111,21 @@ case $MODE in
   tests) run_tests || status=$? ;;
   bench) run_bench || status=$? ;;
   all) run_tests || status=$?; run_bench || status=$? ;;
-  tp) python3 -m models make tiny-qwen3 && python3 -m bench tp --out "$OUT" --deadline-s "${TP_DEADLINE:-300}" \
-        || status=$? ;;  # nvidia-h200-x2: TP 1 vs 2 (NCCL), see bench/gpu_tp.py
+  tp) python3 -m models make tiny-qwen3 && python3 -m bench tp --out "$out" --deadline-s "${TP_DEADLINE:-300}" \
+        || status=$? ;;
   tp8b) python3 -m models make qwen3-8b-shape --device cuda || status=$?
     for part in ${TP8B_PARTS:-throughput logits allreduce}; do
       case $part in
-        throughput) python3 -m bench tp --out "$OUT" --no-tiny --shapes ${TP8B_SHAPES:-qwen3-8b-shape:256} \
-                      --deadline-s $(( ${CALL_BUDGET:-570} - SECONDS )) || status=$? ;;
-        logits) python3 -m bench tp-logits --parts logits --out "$OUT" || status=$? ;;
-        allreduce) timeout 150 python3 -m bench tp-logits --parts allreduce --out "$OUT" || status=$? ;;
+        throughput) python3 -m bench tp --out "$out" --no-tiny --shapes ${TP8B_SHAPES:-qwen3-8b-shape:256} \
+                      --deadline-s $(( ${TP8B_SECONDS:-570} - SECONDS )) || status=$? ;;
+        logits) python3 -m bench tp-logits --parts logits --out "$out" || status=$? ;;
+        allreduce) timeout 150 python3 -m bench tp-logits --parts allreduce --out "$out" || status=$? ;;
       esac
     done ;;
   *) echo "usage: $0 download|tests|bench|all|tp|tp8b"; exit 2 ;;
 esac
 if [[ ${SAVE_JIT:-0} == 1 ]]; then
-  (cd /tmp && tar czf - jit) | split -b 15m - "$OUT/jit.tgz." && echo "JIT cache saved to $OUT/jit.tgz.*"
+  (cd /tmp && tar czf - jit) | split -b 15m - "$out/jit.tgz." && echo "JIT cache saved to $out/jit.tgz.*"
 fi
 echo "gpu_check $MODE: exit $status"
 exit "$status"

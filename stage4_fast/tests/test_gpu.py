@@ -1,10 +1,10 @@
 """GPU subset (skipped without CUDA): the kernels in bf16 and fp32 at real shapes, the real FlashInfer / FlashAttention
 libraries behind the same checks the fakes pass on CPU, real CUDA graphs, and HF alignment on the GPU.
 
-Run on the H200 by tools/gpu_check.sh. fp32 token-for-token covers the backends that compute in fp32 (torch,
-triton); FlashInfer and FlashAttention compute in 16-bit only, so they are checked in bf16, teacher-forced against
-HF bf16 on the Qwen3-0.6B shape (logits of every step within a stated relative error; argmax equal wherever HF's
-top-2 gap is clear).
+Run by `nox -s gpu` (tools/gpu_check.sh on a machine without network). fp32 token-for-token covers the backends
+that compute in fp32 (torch, triton); FlashInfer and FlashAttention compute in 16-bit only, so they are checked in
+bf16, teacher-forced against HF bf16 on the Qwen3-0.6B shape (logits of every step within a stated relative error;
+argmax equal wherever HF's top-2 gap is clear).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .conftest import REPO, prepared_model
 from .fast_helpers import hf_generate, llm_generate
 from .test_attention_backends import World, check_decode, check_graph_hooks, check_prefill
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tools/gpu_check.sh)")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (nox -s gpu)")
 CUDA = "cuda"
 
 
