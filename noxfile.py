@@ -64,6 +64,7 @@ def reliability(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("python", "tools/stages.py", "check")
+    session.run("python", "tools/hygiene.py")
 
 
 def _gpu_args(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:

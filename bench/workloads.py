@@ -33,7 +33,7 @@ class Workload:
 
 def offline_cpu(vocab_size: int, num_seqs: int = 16, prompt_len: tuple[int, int] = (32, 256),
                 output_len: tuple[int, int] = (16, 128), seed: int = 0) -> Workload:
-    """The CPU workload of the stage2 issue: 16 requests, prompts of randint(32, 256) ids drawn from
+    """The CPU offline workload: 16 requests, prompts of randint(32, 256) ids drawn from
     randint(100, vocab - 100), output lengths randint(16, 128)."""
     random.seed(seed)
     prompts = [[random.randint(100, vocab_size - 100) for _ in range(random.randint(*prompt_len))]

@@ -10,7 +10,8 @@ bookkeeping. On CPU the forward is synchronous, so nothing actually overlaps: th
 the same correctness obligations) and costs one extra step of latency per request; `normal_loop` (switch off with
 MINISGL_DISABLE_OVERLAP_SCHEDULING=1 or `overlap_scheduling=False`) processes each batch right after its forward.
 
-Being one step behind is where upstream's races come from (bugs 1-4 in the interfaces map). The fixes:
+Being one step behind is where upstream's races come from (stage2_scheduled/README.md, "Upstream defects
+fixed here", 1-4). The fixes:
 * results are judged by state snapshotted when their batch was launched, not by the request's current state (1);
 * a request that finished or was aborted is marked, and later results for it are dropped (2, 4);
 * a finished or aborted request keeps its slot and pages until every batch launched so far has completed, so

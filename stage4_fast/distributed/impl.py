@@ -14,7 +14,7 @@ from typing import ClassVar, List
 import torch
 import torch.distributed as dist
 
-# torch 2.13 renamed all_gather_into_tensor (deprecated there); the GPU machine's 2.11 has only the old name
+# torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 

@@ -1,4 +1,5 @@
-"""Regression tests for the four upstream overlap-scheduling defects (interfaces map, section 19, items 1-4).
+"""Regression tests for four upstream overlap-scheduling defects (stage2_scheduled/README.md, "Upstream defects
+fixed here", 1-4, with upstream's file and line).
 
 Each defect has a check that passes here, and a companion test that puts upstream's behaviour back by
 monkeypatching the one scheduler method that carries our fix and asserts that the same check then FAILS. So the
