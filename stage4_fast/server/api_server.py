@@ -134,7 +134,7 @@ def _unavailable(reason: str) -> APIError:
 
 def _check_model(app: FastAPI, model: str | None) -> str:
     config: ServerArgs = app.state.config
-    if model is not None and model not in (config.served_model_name, config.model_path):
+    if model is not None and model not in config.model_ids:
         raise APIError(404, f"the model {model!r} does not exist; this server serves {config.served_model_name!r}",
                        "model_not_found", param="model")
     return config.served_model_name
