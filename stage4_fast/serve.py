@@ -22,7 +22,7 @@ import torch
 from .attention import resolve_auto_backend
 from .engine.graph import default_graph_bs_list
 from .moe import resolve_auto_moe_backend
-from .server import ServerArgs, launch_server, parse_args
+from .server import ServerArgs, launch_server
 
 
 def describe(config: ServerArgs) -> str:
@@ -40,10 +40,7 @@ def describe(config: ServerArgs) -> str:
 
 
 def main(argv: List[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    config, _ = parse_args(argv)
-    print(describe(config), flush=True)
-    launch_server(argv=argv)
+    launch_server(argv=sys.argv[1:] if argv is None else argv, announce=describe)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ class EngineConfig:
     memory_ratio: float = 0.9
     distributed_timeout: float = 60.0
     use_dummy_weight: bool = False
-    use_pynccl: bool = True
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
 

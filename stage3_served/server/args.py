@@ -1,19 +1,21 @@
-"""Server configuration and its command line (flags as upstream)."""
+"""Server configuration, built from the command line (`cli.py`) and the start-up checks (`preflight.py`)."""
 
 from __future__ import annotations
 
-import argparse
-import os
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Tuple
 
 import torch
 
 from ..distributed import DistributedInfo
 from ..scheduler.config import SchedulerConfig
-from ..utils.hf import cached_load_hf_config, resolve_model_path
+from ..utils.hf import cached_load_hf_config
+from .cli import DTYPES, build_parser, prog_name
+from .preflight import StartupError, check_model
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,22 @@ class ServerArgs(SchedulerConfig):
     server_port: int = 1919
     num_tokenizer: int = 0
     silent_output: bool = False
-    served_model_name: str = ""  # the `model` clients must name (not upstream: defaults to --model as given)
+    served_model_name: str = ""  # the model id of /v1/models (not upstream; see parse_args for the default)
+    model_aliases: Tuple[str, ...] = ()  # other ids requests may name: the path given to --model, the resolved one
+    log_level: str = "info"
     # exposure limits (not upstream): see guard.py; repr=False keeps the key out of any log of the config
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
     max_queued_requests: int = 1024  # requests waiting beyond the running ones before new ones get 503
+
+    @property
+    def model_ids(self) -> Tuple[str, ...]:
+        """Every id a request's `model` may name; the first is the one /v1/models lists."""
+        return (self.served_model_name, *self.model_aliases)
+
+    @property
+    def effective_log_level(self) -> str:
+        return "warning" if self.silent_output and self.log_level in ("debug", "info") else self.log_level
 
     @property
     def share_tokenizer(self) -> bool:
@@ -66,74 +79,45 @@ class ServerArgs(SchedulerConfig):
         return [a.removeprefix("ipc://") for a in addrs if a.startswith("ipc://")]
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def build_parser(run_shell: bool = False) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m stage3_served", description="mini-sglang stage 3: OpenAI-compatible server"
-    )
-    p.add_argument("--model-path", "--model", dest="model_path", default=None,
-                   help="local model directory or hub id (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
-                   help="auto = the dtype in the model's config.json (float32 if it names none)")
-    p.add_argument("--tensor-parallel-size", "--tp-size", dest="tp", type=_positive_int, default=1)
-    p.add_argument("--max-running-requests", dest="max_running_req", type=_positive_int, default=256)
-    p.add_argument("--max-seq-len-override", type=_positive_int, default=None)
-    p.add_argument("--memory-ratio", type=float, default=0.9)
-    p.add_argument("--dummy-weight", dest="use_dummy_weight", action="store_true")
-    p.add_argument("--disable-pynccl", dest="use_pynccl", action="store_false")
-    p.add_argument("--host", dest="server_host", default="127.0.0.1")
-    p.add_argument("--port", dest="server_port", type=int, default=1919)
-    p.add_argument("--cuda-graph-max-bs", "--graph", dest="cuda_graph_max_bs", type=int, default=None)
-    p.add_argument("--num-tokenizer", "--tokenizer-count", dest="num_tokenizer", type=int, default=0,
-                   help="0 = one worker tokenizes and detokenizes")
-    p.add_argument("--max-prefill-length", "--max-extend-length", dest="max_extend_tokens", type=_positive_int,
-                   default=8192, help="prefill token budget per step (chunk size)")
-    p.add_argument("--num-pages", dest="num_page_override", type=_positive_int, default=None)
-    p.add_argument("--page-size", type=_positive_int, default=1)
-    p.add_argument("--attention-backend", "--attn", dest="attention_backend", default="auto")
-    p.add_argument("--cache-type", dest="cache_type", default="radix", choices=["naive", "radix"])
-    p.add_argument("--moe-backend", default="auto")
-    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
-    p.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY") or None,
-                   help="require 'Authorization: Bearer <key>' on every endpoint but /health "
-                        "(default: $MINISGL_API_KEY; unset = no auth)")
-    p.add_argument("--max-request-bytes", type=_positive_int, default=1 << 20,
-                   help="larger request bodies get 413")
-    p.add_argument("--max-queued-requests", type=_positive_int, default=1024,
-                   help="requests waiting beyond --max-running-requests; more get 503 + Retry-After")
-    p.add_argument("--shell-mode", dest="shell", action="store_true", default=run_shell,
-                   help="interactive chat in this terminal instead of an HTTP server")
-    return p
-
-
 def _resolve_dtype(model_path: str, name: str) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
+    if DTYPES[name] is not None:
+        return DTYPES[name]
     # upstream's help promised this but kept float32; we follow the config
     hf_dtype = getattr(cached_load_hf_config(model_path), "dtype", None) or torch.float32
     return getattr(torch, hf_dtype) if isinstance(hf_dtype, str) else hf_dtype
 
 
-def parse_args(args: List[str], run_shell: bool = False) -> Tuple[ServerArgs, bool]:
-    parser = build_parser(run_shell)
+def _model_ids(given: str | None, model_path: str, served: str | None) -> Tuple[str, Tuple[str, ...]]:
+    """The served id and its aliases. Default id: the model directory's name (`SmolLM2-135M-Instruct`), or the hub id
+    as given; requests may also name the path given to --model or the directory it resolved to."""
+    if served is None:
+        hub_id = given is not None and not Path(given).expanduser().is_dir()
+        served = given if hub_id else Path(model_path).resolve().name
+    aliases = [a for a in (given, model_path, str(Path(model_path).resolve())) if a]
+    return served, tuple(dict.fromkeys(a for a in aliases if a != served))
+
+
+def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None) -> Tuple[ServerArgs, bool]:
+    """The command line -> (ServerArgs, shell?). A bad flag or model ends the process with one line (exit code 2)."""
+    parser = build_parser(run_shell, prog or prog_name())
     kwargs = dict(vars(parser.parse_args(args)))
     if kwargs["tp"] > 1:  # the scheduler I/O already broadcasts to other ranks; the engine cannot shard yet
         parser.error("tensor parallelism (--tp > 1) arrives with stage4_fast; stage3_served runs one rank")
     given_model = kwargs.pop("model_path")
-    model_path = resolve_model_path(given_model)
+    if kwargs.pop("load_format") == "dummy":
+        kwargs["use_dummy_weight"] = True
+    if kwargs.pop("trust_remote_code"):
+        logger.warning("--trust-remote-code has no effect: only this engine's own model code runs")
+    try:
+        model_path = check_model(given_model, needs_weights=not kwargs["use_dummy_weight"])
+    except StartupError as e:
+        parser.error(str(e))
     shell = kwargs.pop("shell")
     tp = kwargs.pop("tp")
-    served = kwargs.pop("served_model_name") or given_model or model_path
+    served, aliases = _model_ids(given_model, model_path, kwargs.pop("served_model_name"))
     if shell:  # one conversation: one request slot, no batching
         kwargs.update(max_running_req=1, cuda_graph_max_bs=1, silent_output=True)
     dtype = _resolve_dtype(model_path, kwargs.pop("dtype"))
-    server_args = ServerArgs(
-        model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype, served_model_name=served, **kwargs
-    )
+    server_args = ServerArgs(model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype,
+                             served_model_name=served, model_aliases=aliases, **kwargs)
     return server_args, shell

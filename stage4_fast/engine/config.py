@@ -27,7 +27,6 @@ class EngineConfig:
     memory_ratio: float = 0.9
     distributed_timeout: float = 60.0
     use_dummy_weight: bool = False
-    use_pynccl: bool = True
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
     # Rendezvous of the TP ranks, used only when tp > 1. Upstream hard-codes port 2333 (two engines on one host

@@ -32,11 +32,15 @@ from .protocol import (
     CompletionRequest,
     GenerateRequest,
     SamplingFields,
+    unknown_field_message,
     usage_dict,
 )
 from .stream import Delta, generate_deltas
 
 T = TypeVar("T")
+# each endpoint's request model: the fields it implements (see protocol.py)
+REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+                  "/generate": GenerateRequest}
 
 
 @dataclass
@@ -90,12 +94,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
+        kind = first.get("type")
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        if first.get("type") == "json_invalid":
-            return _error_response(APIError(400, "the request body is not valid JSON", "invalid_json"))
         where = ".".join(loc)
+        if kind == "json_invalid":
+            return _error_response(APIError(400, "the request body is not valid JSON", "invalid_json"))
+        if kind == "not_implemented":  # a known field at a value that asks for something we do not do
+            param = first["ctx"]["param"]
+            return _error_response(APIError(400, str(first["msg"]), "unsupported_parameter", param=param))
+        if kind == "extra_forbidden":  # no field of that name: refused, never ignored
+            model = REQUEST_MODELS.get(request.url.path) if len(loc) == 1 else None
+            message = unknown_field_message(model, loc[-1]) + (f" in {'.'.join(loc[:-1])}" if len(loc) > 1 else "")
+            return _error_response(APIError(400, message, "unknown_parameter", param=where))
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
-        code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
+        code = "missing_required_parameter" if kind == "missing" else "invalid_value"
         return _error_response(APIError(400, message, code, param=where or None))
 
     @app.exception_handler(StarletteHTTPException)
@@ -122,7 +134,7 @@ def _unavailable(reason: str) -> APIError:
 
 def _check_model(app: FastAPI, model: str | None) -> str:
     config: ServerArgs = app.state.config
-    if model is not None and model not in (config.served_model_name, config.model_path):
+    if model is not None and model not in config.model_ids:
         raise APIError(404, f"the model {model!r} does not exist; this server serves {config.served_model_name!r}",
                        "model_not_found", param="model")
     return config.served_model_name

@@ -19,6 +19,7 @@ import multiprocessing.connection
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 from dataclasses import replace
@@ -26,6 +27,8 @@ from typing import Any, Callable, List
 
 from ..distributed import DistributedInfo
 from .args import ServerArgs, parse_args
+from .cli import prog_name
+from .preflight import StartupError, bind_listener, check_port_free
 
 logger = logging.getLogger("stage4_fast")
 
@@ -48,15 +51,14 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)  # unwinds through finally blocks, which close the sockets
 
 
-def _worker_setup(parent_pid: int, silent: bool) -> None:
+def _worker_setup(parent_pid: int, log_level: str) -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    logging.basicConfig(level=logging.WARNING if silent else logging.INFO,
-                        format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")
 
 
 def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
-    _worker_setup(parent_pid, config.silent_output)
+    _worker_setup(parent_pid, config.effective_log_level)
     import torch
 
     from ..scheduler import Scheduler
@@ -74,8 +76,8 @@ def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
             scheduler.shutdown()
 
 
-def _run_tokenizer(kwargs: dict, ack_queue: Any, parent_pid: int, silent: bool) -> None:
-    _worker_setup(parent_pid, silent)
+def _run_tokenizer(kwargs: dict, ack_queue: Any, parent_pid: int, log_level: str) -> None:
+    _worker_setup(parent_pid, log_level)
     import torch
 
     torch.set_num_threads(1)  # leave the cores to the scheduler
@@ -97,7 +99,7 @@ class WorkerSet:
 
     def start(self) -> None:
         c, pid = self.config, os.getpid()
-        tp = c.tp_info.size
+        tp, level = c.tp_info.size, c.effective_log_level
         targets: list[tuple[str, Callable, tuple]] = []
         for rank in range(tp):
             rank_config = replace(c, tp_info=DistributedInfo(rank, tp))
@@ -106,10 +108,10 @@ class WorkerSet:
                       frontend_addr=c.zmq_frontend_addr)
         detok = dict(common, addr=c.zmq_detokenizer_addr, create=c.share_tokenizer, local_bs=64,
                      tokenizer_id=c.num_tokenizer)
-        targets.append(("minisgl-detokenizer-0", _run_tokenizer, (detok, self.ack_queue, pid, c.silent_output)))
+        targets.append(("minisgl-detokenizer-0", _run_tokenizer, (detok, self.ack_queue, pid, level)))
         for i, addr in enumerate([] if c.share_tokenizer else c.zmq_tokenizer_addrs):
             tok = dict(common, addr=addr, create=True, local_bs=64, tokenizer_id=i)
-            targets.append((f"minisgl-tokenizer-{i}", _run_tokenizer, (tok, self.ack_queue, pid, c.silent_output)))
+            targets.append((f"minisgl-tokenizer-{i}", _run_tokenizer, (tok, self.ack_queue, pid, level)))
         # children inherit an ignored SIGINT through exec (spawn), so Ctrl-C never interrupts them half-way
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -182,10 +184,25 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def launch_server(run_shell: bool = False, argv: List[str] | None = None) -> None:
+def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
+    """Before any model loads: the HTTP port (bound now, served later) and the TP rendezvous port must be free."""
+    try:
+        if config.tp_info.size > 1:
+            check_port_free("127.0.0.1", config.server_port + 1, "the TP ranks' rendezvous (--port + 1)")
+        return None if shell else bind_listener(config.server_host, config.server_port)
+    except StartupError as e:
+        print(f"{prog_name()}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def launch_server(run_shell: bool = False, argv: List[str] | None = None,
+                  announce: Callable[[ServerArgs], str] | None = None) -> None:
+    """`announce(config)`, when given, is printed once the checks have passed (a summary of the configuration)."""
     config, shell = parse_args(sys.argv[1:] if argv is None else argv, run_shell)
-    logging.basicConfig(level=logging.WARNING if config.silent_output else logging.INFO,
-                        format="[%(asctime)s] %(levelname)s %(message)s")
+    listener = _reserve_ports(config, shell)
+    logging.basicConfig(level=config.effective_log_level.upper(), format="[%(asctime)s] %(levelname)s %(message)s")
+    if announce is not None:
+        print(announce(config), flush=True)
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C
     workers = WorkerSet(config)
     exit_code = 0
@@ -197,7 +214,7 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None) -> Non
 
             exit_code = run(config, info, workers)
         else:
-            exit_code = run_api_server(config, info, workers)
+            exit_code = run_api_server(config, info, workers, listener)
     except KeyboardInterrupt:
         pass
     except WorkerDied as e:
@@ -211,7 +228,7 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None) -> Non
     sys.exit(exit_code)
 
 
-def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
+def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener: socket.socket) -> int:
     import uvicorn
 
     from .api_server import BackendInfo, create_app
@@ -237,7 +254,7 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
             end_requests("the server is shutting down")
 
     server = Server(uvicorn.Config(app, host=config.server_host, port=config.server_port,
-                                   log_level="warning" if config.silent_output else "info",
+                                   log_level=config.effective_log_level,
                                    timeout_graceful_shutdown=5))
     died: list[str] = []
 
@@ -249,5 +266,5 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
     workers.watch(on_death)
     logger.info("all workers ready; serving %s on http://%s:%d", config.served_model_name, config.server_host,
                 config.server_port)
-    server.run()
+    server.run(sockets=[listener])
     return 1 if died else 0  # the watchdog has logged which worker died

@@ -3,13 +3,23 @@
 The models are strict (``"16"`` is not an int, ``1`` is not a bool) and their bounds are in the schema, so
 FastAPI's OpenAPI document says exactly what is accepted. Everything that fails validation becomes an OpenAI-style
 error body ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status (see ``api_server``).
+
+The models are the one declaration of what each endpoint implements: a field that is not one of a model's fields is
+refused with a 400 that names it, never ignored. OpenAI's fields (and the common vLLM/SGLang extras) that are known
+but not implemented are listed in ``NOT_IMPLEMENTED_*`` below with the values that ask for nothing (``"n": 1``,
+``"logprobs": false``), which are accepted. Implementing one = deleting its line there and adding a typed field to
+the model.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Dict, List, Literal
+import difflib
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class APIError(Exception):
@@ -32,9 +42,111 @@ TokenId = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
+@dataclass(frozen=True)
+class NotImplementedField:
+    """A request field this server knows but does not implement; ``null`` and ``neutral`` ask for nothing."""
+
+    neutral: Tuple[Any, ...] = ()
+    what: str = ""  # what the field would do, for the error message
+
+    def accepts(self, value: Any) -> bool:
+        return value is None or any(_same_json(value, n) for n in self.neutral)
+
+    def accepted(self) -> str:
+        return ", ".join(json.dumps(v) for v in (None, *self.neutral))
+
+    def json_schema(self) -> Dict[str, Any]:
+        return {"enum": [None, *self.neutral],
+                "description": f"not implemented ({self.what}); accepted: {self.accepted()}"}
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality: 0 == 0.0, but true is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+_NI = NotImplementedField
+# what both completion endpoints know but do not implement
+NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
+    "n": _NI((1,), "several choices per request"),
+    "presence_penalty": _NI((0,), "presence penalty"),
+    "frequency_penalty": _NI((0,), "frequency penalty"),
+    "repetition_penalty": _NI((1,), "repetition penalty"),
+    "min_p": _NI((0,), "min-p sampling"),
+    "min_tokens": _NI((0,), "a minimum output length"),
+    "logit_bias": _NI(({},), "logit bias"),
+    "response_format": _NI(({"type": "text"},), "structured output"),
+    "user": _NI((), "per-user tracking"),
+    # vLLM / SGLang extras
+    "skip_special_tokens": _NI((False,), "hiding special tokens from the text"),
+    "include_stop_str_in_output": _NI((False,), "keeping the stop string"),
+    "regex": _NI((), "constrained decoding"),
+    "json_schema": _NI((), "constrained decoding"),
+    "ebnf": _NI((), "constrained decoding"),
+}
+NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
+    **NOT_IMPLEMENTED_SAMPLING,
+    "logprobs": _NI((False,), "log probabilities"),
+    "top_logprobs": _NI((0,), "log probabilities"),
+    "tools": _NI(([],), "tool calls"),
+    "tool_choice": _NI(("none",), "tool calls"),
+    "parallel_tool_calls": _NI((), "tool calls"),
+    "functions": _NI(([],), "function calls"),
+    "function_call": _NI(("none",), "function calls"),
+    "modalities": _NI((["text"],), "output other than text"),
+    "audio": _NI((), "audio output"),
+    "prediction": _NI((), "predicted outputs"),
+    "reasoning_effort": _NI((), "reasoning effort"),
+    "web_search_options": _NI((), "web search"),
+}
+NOT_IMPLEMENTED_COMPLETION: Dict[str, NotImplementedField] = {
+    **NOT_IMPLEMENTED_SAMPLING,
+    "logprobs": _NI((0,), "log probabilities"),
+    "echo": _NI((False,), "echoing the prompt"),
+    "best_of": _NI((1,), "best-of sampling"),
+    "suffix": _NI((), "insertion"),
+}
+
+
+def _add_not_implemented(schema: Dict[str, Any], cls: type) -> None:
+    # the OpenAPI document lists them too, with the only values accepted, so it tells the truth about them
+    for name, field in getattr(cls, "not_implemented", {}).items():
+        schema.setdefault("properties", {})[name] = field.json_schema()
+
+
 class _Strict(BaseModel):
-    # unknown fields are ignored (clients send many); the ones we know are type-checked strictly
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # strict types; any field that is not declared here or in `not_implemented` is refused by name
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_add_not_implemented)
+    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_not_implemented(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = [k for k in data if k in cls.not_implemented]
+        for name in known:
+            field = cls.not_implemented[name]
+            if not field.accepts(data[name]):
+                raise PydanticCustomError(
+                    "not_implemented", "'{param}' is not implemented by this server ({what}); accepted: {accepted}",
+                    {"param": name, "what": field.what, "accepted": field.accepted()},
+                )
+        return {k: v for k, v in data.items() if k not in known} if known else data
+
+
+def unknown_field_message(model: type[BaseModel] | None, name: str) -> str:
+    """The message for a field no model of this endpoint declares (a typo, or a field nobody has heard of)."""
+    message = f"unknown parameter {name!r}"
+    if model is not None:
+        close = difflib.get_close_matches(name, [*model.model_fields, *getattr(model, "not_implemented", {})], n=1)
+        if close:
+            message += f" (did you mean {close[0]!r}?)"
+    return message
 
 
 class TextPart(_Strict):
@@ -69,16 +181,9 @@ class SamplingFields(_Strict):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # accepted only at their neutral values: we would rather refuse than silently ignore them (upstream did)
-    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: only 0")
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: only 0")
-    logprobs: bool | int | None = Field(None, description="not supported")
 
     @model_validator(mode="after")
     def _check(self) -> SamplingFields:
-        if self.logprobs not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
         if any(s == "" for s in self.stop_list()):
             raise ValueError("stop strings must not be empty")
         return self
@@ -90,21 +195,20 @@ class SamplingFields(_Strict):
 
 
 class ChatCompletionRequest(SamplingFields):
+    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
     messages: List[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1, description="newer name of max_tokens")
 
 
 class CompletionRequest(SamplingFields):
+    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_COMPLETION
     prompt: str | List[TokenId] | List[str] | List[List[TokenId]] = Field(
         description="text or token ids; a list of one prompt is accepted (no batching)"
     )
     max_tokens: int | None = Field(16, ge=1, le=2**31 - 1)
-    echo: bool = Field(False, description="not supported")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo is not supported")
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:

@@ -53,7 +53,22 @@ CASES = [
     ("top_p zero", COMPLETIONS, {"prompt": "a", "top_p": 0}, 400, "invalid_value"),
     ("top_p above one", CHAT, {"messages": MSG, "top_p": 1.5}, 400, "invalid_value"),
     ("stream not a bool", CHAT, {"messages": MSG, "stream": "yes"}, 400, "invalid_value"),
-    ("n above one", CHAT, {"messages": MSG, "n": 2}, 400, "invalid_value"),
+    ("n above one", CHAT, {"messages": MSG, "n": 2}, 400, "unsupported_parameter"),
+    # fields the server does not implement are refused by name, never ignored (a client asking for JSON got prose)
+    ("response_format json", CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, 400,
+     "unsupported_parameter"),
+    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "unsupported_parameter"),
+    ("repetition_penalty", COMPLETIONS, {"prompt": "a", "repetition_penalty": 1.3}, 400, "unsupported_parameter"),
+    ("logit_bias", COMPLETIONS, {"prompt": "a", "logit_bias": {"11": 5}}, 400, "unsupported_parameter"),
+    ("min_tokens", CHAT, {"messages": MSG, "min_tokens": 4}, 400, "unsupported_parameter"),
+    ("logprobs", COMPLETIONS, {"prompt": "a", "logprobs": 2}, 400, "unsupported_parameter"),
+    ("echo", COMPLETIONS, {"prompt": "a", "echo": True}, 400, "unsupported_parameter"),
+    ("unknown field", COMPLETIONS, {"prompt": "a", "max_token": 3}, 400, "unknown_parameter"),
+    ("unknown field in a message", CHAT, {"messages": [{"role": "user", "content": "x", "name": "bob"}]}, 400,
+     "unknown_parameter"),
+    ("unknown field of /generate", "/generate", {"prompt": "a", "max_tokens": 2, "temperature": 0.5}, 400,
+     "unknown_parameter"),
     ("empty stop string", COMPLETIONS, {"prompt": "a", "stop": [""]}, 400, "invalid_value"),
     ("unknown model", CHAT, {"model": "gpt-17", "messages": MSG}, 404, "model_not_found"),
     ("generate without max_tokens", "/generate", {"prompt": "a"}, 400, "missing_required_parameter"),
@@ -70,6 +85,26 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(tiny_server, name,
     error = r.json()["error"]
     assert error["code"] == code and error["type"] and error["message"]
     _good_request_works(tiny_server)
+
+
+@pytest.mark.parametrize("path, body, param, says", [
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format", "structured output"),
+    (COMPLETIONS, {"prompt": "a", "min_tokens": 2}, "min_tokens", "minimum output length"),
+    (COMPLETIONS, {"prompt": "a", "max_token": 3}, "max_token", "did you mean 'max_tokens'"),
+])
+def test_refusal_names_the_field(tiny_server, path, body, param, says):
+    r = httpx.post(f"{tiny_server.base_url}{path}", json=body, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param
+    assert f"'{param}'" in error["message"] and says in error["message"], error
+
+
+def test_values_that_ask_for_nothing_are_accepted(tiny_server):
+    """Clients often send OpenAI's defaults explicitly; those request nothing we do not do."""
+    neutral = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False, "tools": [],
+               "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {}, "user": None}
+    r = httpx.post(f"{tiny_server.base_url}{CHAT}", json={"messages": MSG, "max_tokens": 2, **neutral}, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_unknown_route_and_method_are_openai_errors(tiny_server):

@@ -70,11 +70,15 @@ def test_dead_worker_brings_the_server_down_with_a_message(tiny_dir):
         assert re.search(r"worker minisgl-\S+ \(pid \d+\) was killed by signal 9; shutting the server down", log)
 
 
-def test_worker_dying_during_start_up_is_reported(tmp_path):
-    bad = tmp_path / "not-a-model"
+def test_worker_dying_during_start_up_is_reported(tmp_path, tiny_dir):
+    bad = tmp_path / "corrupt-weights"  # passes the start-up checks; the scheduler dies reading the weights
     bad.mkdir()
-    (bad / "config.json").write_text('{"architectures": ["NoSuchForCausalLM"], "model_type": "llama"}')
-    with pytest.raises(RuntimeError, match="exited with code"):
+    for f in tiny_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (bad / f.name).symlink_to(f)
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 1 .*scheduler \(pid \d+\) exited with code 1 "
+                                           r"during start-up"):
         with server_process(str(bad), startup_timeout_s=120):
             pass
 

@@ -21,12 +21,12 @@ N = 24
 
 @pytest.fixture(scope="module")
 def model_id(smollm2_dir: Path) -> str:
-    return str(smollm2_dir)  # the server names its model after --model
+    return smollm2_dir.name  # the server names its model after the model directory, as SGLang does
 
 
 @pytest.fixture(scope="module")
-def server(model_id: str):
-    with server_process(model_id) as s:
+def server(smollm2_dir: Path):
+    with server_process(str(smollm2_dir)) as s:
         yield s
 
 
@@ -156,9 +156,12 @@ def test_seed_makes_sampling_reproducible(client, model_id):
     assert a == b and a != c
 
 
-def test_models_and_health(client, model_id, server):
+def test_models_and_health(client, model_id, server, smollm2_dir):
     models = client.models.list().data
     assert [m.id for m in models] == [model_id] and models[0].owned_by == "mini-sglang"
+    for name in (model_id, str(smollm2_dir)):  # the id or the path given to --model
+        r = client.completions.create(model=name, prompt=PROMPT, max_tokens=1)
+        assert r.model == model_id
     assert httpx.get(f"{server.base_url}/health", timeout=10).json() == {"status": "ok"}
 
 

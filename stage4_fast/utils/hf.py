@@ -28,6 +28,11 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _looks_like_path(model: str) -> bool:
+    """Hub ids are "name" or "org/name"; anything else (absolute, ./, ~, deeper) was meant as a directory."""
+    return Path(model).is_absolute() or model.startswith((".", "~")) or model.count("/") > 1 or Path(model).exists()
+
+
 def resolve_model_path(model: str | os.PathLike | None = None) -> str:
     """None -> the embedded default model; a directory -> itself; anything else -> a hub id, downloaded
     (safetensors + json + tokenizer files) after a quick reachability check so an offline machine fails fast."""
@@ -39,7 +44,11 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
         return str(DEFAULT_MODEL_PATH)
     path = Path(model).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
         return str(path)
+    if _looks_like_path(str(model)):  # not a hub id: asking the hub would only say "invalid repo id"
+        raise ModelNotFoundError(f"no model directory at {path}")
     if os.environ.get("HF_HUB_OFFLINE") != "1" and not _hub_reachable():
         raise ModelNotFoundError(
             f"{str(model)!r} is not a local directory and huggingface.co cannot be reached; "

@@ -1,0 +1,205 @@
+"""The server's command line: upstream mini-sglang's flags plus the spellings a vLLM or SGLang user types, each with
+a help line and its default; mistakes end in one line ("did you mean", or why a known flag is not offered).
+
+Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); the short forms upstream's
+users rely on (``--tp``, ``--shell``, ``--cache``) are spelled out as aliases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from typing import List, NoReturn
+
+import torch
+
+from ..attention import SUPPORTED_ATTENTION_BACKENDS, validate_attn_backend
+
+DEFAULT_PROG = "python -m stage3_served"
+
+# --dtype: ours, vLLM's and SGLang's names (auto = the model config's dtype)
+DTYPES = {"auto": None, "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "float": torch.float32,
+          "fp32": torch.float32}
+LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
+
+# Flags of upstream, vLLM or SGLang that this server does not offer, and why. Only consulted for a flag the parser
+# does not know, so a flag implemented later simply stops being looked up here.
+UNSUPPORTED_FLAGS = {
+    "--disable-pynccl": "this engine has no PyNCCL; all-reduce always goes through torch.distributed, as the flag "
+                        "asks, so leave it out",
+    "--model-source": "models come from a local directory or the Hugging Face hub",
+    "--tokenizer": "the tokenizer is read from the model directory",
+    "--tokenizer-path": "the tokenizer is read from the model directory",
+    "--chat-template": "the model's own chat template is used",
+    "--quantization": "quantized weights are not supported; weights load in --dtype",
+    "--revision": "pass a local model directory (or a hub id at its default revision)",
+    "--enable-lora": "LoRA adapters are not supported",
+    "--pipeline-parallel-size": "pipeline parallelism is not implemented; use --tp",
+    "--speculative-algorithm": "speculative decoding is not implemented",
+    "--enable-prefix-caching": "the radix prefix cache is on by default (--cache-type naive turns it off)",
+    # what stage4_fast adds
+    "--moe-backend": "MoE backends arrive with stage4_fast (MoE models run the torch reference here)",
+    "--cuda-graph-max-bs": "CUDA graphs arrive with stage4_fast; this stage always runs eagerly",
+    "--graph": "CUDA graphs arrive with stage4_fast; this stage always runs eagerly",
+    "--disable-cuda-graph": "CUDA graphs arrive with stage4_fast; this stage always runs eagerly, so leave it out",
+    "--enforce-eager": "CUDA graphs arrive with stage4_fast; this stage always runs eagerly, so leave it out",
+}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" unless the help says it already or there is nothing to say (None, False, SUPPRESS);
+    a help that names its default itself never prints the value (--api-key's comes from the environment)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default:" in text or default is None or default is False or default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class ServerArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, not argparse's usage block: `python -m stage3_served: error: ...`."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args: List[str] | None = None, namespace: argparse.Namespace | None = None
+                   ) -> argparse.Namespace:  # type: ignore[override]
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(self._explain_unknown(unknown))
+        return parsed
+
+    def _explain_unknown(self, unknown: List[str]) -> str:
+        flag = next((a for a in unknown if a.startswith("-")), unknown[0])
+        name = flag.split("=", 1)[0]
+        if name in UNSUPPORTED_FLAGS:
+            return f"{name} is not supported: {UNSUPPORTED_FLAGS[name]}"
+        if not name.startswith("-"):
+            return f"unexpected argument {name!r} (the model is given with --model)"
+        known = [s for action in self._actions for s in action.option_strings]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        return f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else " (--help lists the flags)")
+
+
+def _number(text: str, kind: type = int) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _number(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return int(value)
+
+
+def _non_negative_int(text: str) -> int:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return int(value)
+
+
+def _port(text: str) -> int:
+    value = _number(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1..65535, got {value}")
+    return int(value)
+
+
+def _fraction(text: str) -> float:
+    value = _number(text, float)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _attention_backend(text: str) -> str:
+    try:
+        return validate_attn_backend(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArgumentParser:
+    p = ServerArgumentParser(prog=prog, description="mini-sglang stage 3: OpenAI-compatible server",
+                             formatter_class=_HelpFormatter, allow_abbrev=False)
+    attn = ", ".join(SUPPORTED_ATTENTION_BACKENDS.supported_names())
+
+    g = p.add_argument_group("model")
+    g.add_argument("--model-path", "--model", dest="model_path", default=None, metavar="PATH",
+                   help="local model directory or hub id (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model id of /v1/models and requests (default: the model directory's name; the path "
+                        "given to --model is accepted too)")
+    g.add_argument("--dtype", default="auto", choices=list(DTYPES),
+                   help="weights and activations; auto = the dtype in the model's config.json (float32 if none)")
+    g.add_argument("--dummy-weight", dest="use_dummy_weight", action="store_true",
+                   help="random weights of the model's shapes instead of loading them (benchmarks)")
+    g.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
+                   help="vLLM/SGLang spelling: dummy = --dummy-weight")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM/SGLang command lines; has no effect: only this engine's own model code "
+                        "ever runs")
+
+    g = p.add_argument_group("parallelism and memory")
+    g.add_argument("--tensor-parallel-size", "--tp-size", "--tp", "-tp", dest="tp", type=_positive_int, default=1,
+                   metavar="N", help="1 only: tensor parallelism arrives with stage4_fast")
+    g.add_argument("--memory-ratio", "--mem-fraction-static", "--gpu-memory-utilization", dest="memory_ratio",
+                   type=_fraction, default=0.9, metavar="RATIO",
+                   help="share of the GPU memory left free after loading the weights that the KV cache takes "
+                        "(vLLM/SGLang count the weights in; on CPU the KV cache is a fixed size)")
+    g.add_argument("--num-pages", dest="num_page_override", type=_positive_int, default=None, metavar="N",
+                   help="KV cache pages (overrides --memory-ratio)")
+    g.add_argument("--page-size", "--block-size", dest="page_size", type=_positive_int, default=1, metavar="TOKENS",
+                   help="tokens per KV cache page")
+    g.add_argument("--max-seq-len-override", "--max-model-len", "--context-length", dest="max_seq_len_override",
+                   type=_positive_int, default=None, metavar="TOKENS",
+                   help="context length in tokens (default: the model's max_position_embeddings)")
+
+    g = p.add_argument_group("scheduling and kernels")
+    g.add_argument("--max-running-requests", "--max-num-seqs", dest="max_running_req", type=_positive_int,
+                   default=256, metavar="N", help="requests decoded together at most")
+    g.add_argument("--max-prefill-length", "--max-extend-length", "--chunked-prefill-size",
+                   "--max-num-batched-tokens", dest="max_extend_tokens", type=_positive_int, default=8192,
+                   metavar="TOKENS", help="prefill tokens per step; a longer prompt is prefilled in chunks this size")
+    g.add_argument("--cache-type", "--cache", dest="cache_type", default="radix", choices=["naive", "radix"],
+                   help="radix = reuse the KV of shared prompt prefixes")
+    g.add_argument("--disable-radix-cache", dest="cache_type", action="store_const", const="naive",
+                   default=argparse.SUPPRESS, help="SGLang spelling of --cache-type naive")
+    g.add_argument("--attention-backend", "--attn", dest="attention_backend", type=_attention_backend,
+                   default="auto", metavar="NAME", help=f"auto or one of {attn} (more arrive with stage4_fast)")
+    g.add_argument("--num-tokenizer", "--tokenizer-count", dest="num_tokenizer", type=_non_negative_int, default=0,
+                   metavar="N", help="tokenizer processes; 0 = one process tokenizes and detokenizes")
+
+    g = p.add_argument_group("HTTP server")
+    g.add_argument("--host", dest="server_host", default="127.0.0.1", metavar="ADDR", help="address to listen on")
+    g.add_argument("--port", dest="server_port", type=_port, default=1919, metavar="PORT",
+                   help="HTTP port")
+    g.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY") or None, metavar="KEY",
+                   help="require 'Authorization: Bearer <key>' on every endpoint but /health "
+                        "(default: $MINISGL_API_KEY; unset = no auth)")
+    g.add_argument("--max-request-bytes", type=_positive_int, default=1 << 20, metavar="BYTES",
+                   help="larger request bodies get 413")
+    g.add_argument("--max-queued-requests", type=_positive_int, default=1024, metavar="N",
+                   help="requests waiting beyond --max-running-requests; more get 503 + Retry-After")
+    g.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="of every process, uvicorn's included")
+    g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
+                   help="interactive chat in this terminal instead of an HTTP server")
+    return p
+
+
+def prog_name() -> str:
+    """`python -m stage3_served` (or whichever of this package's modules was run): the command that was run."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    if name.split(".")[0] != __name__.split(".")[0]:  # called from elsewhere (a test, a script)
+        return DEFAULT_PROG
+    return f"python -m {name.removesuffix('.__main__')}"
