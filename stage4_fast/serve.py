@@ -34,9 +34,13 @@ def describe(config: ServerArgs) -> str:
     sizes = default_graph_bs_list(device, free, config.cuda_graph_bs, config.cuda_graph_max_bs)
     kind = "CUDA" if device.type == "cuda" else "emulated"
     graphs = f"{kind} graphs up to batch {max(sizes)}" if sizes else "no graphs"
+    tp, ranks = config.tp_info.size, config.local_tp_ranks
+    where = f"http://{config.server_host}:{config.server_port}"
+    if config.nnodes > 1:
+        where = (f"node {config.node_rank} of {config.nnodes} (TP ranks {ranks[0]}..{ranks[-1]}), "
+                 + (where if config.node_rank == 0 else f"following node 0 at {config.dist_init_addr}"))
     return (f"stage4_fast.serve: {config.model_path} ({str(config.dtype).removeprefix('torch.')}) on {device.type}, "
-            f"tp {config.tp_info.size}, attention {attn}, MoE {moe} (MoE models only), {graphs}, "
-            f"page size {config.page_size}, http://{config.server_host}:{config.server_port}")
+            f"tp {tp}, attention {attn}, MoE {moe} (MoE models only), {graphs}, page size {config.page_size}, {where}")
 
 
 def main(argv: List[str] | None = None) -> None:

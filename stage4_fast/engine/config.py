@@ -32,6 +32,8 @@ class EngineConfig:
     # Rendezvous of the TP ranks, used only when tp > 1. Upstream hard-codes port 2333 (two engines on one host
     # collide); whoever starts the ranks passes a free one (the server derives it from its own port).
     _distributed_addr: str = "tcp://127.0.0.1:2333"
+    # machines the TP ranks span (SGLang's --nnodes); ranks are numbered machine by machine, tp / nnodes on each
+    nnodes: int = 1
 
     @functools.cached_property
     def hf_config(self) -> PretrainedConfig:
@@ -54,3 +56,12 @@ class EngineConfig:
     @property
     def max_forward_len(self) -> int:
         return self.max_seq_len
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tp_info.size // self.nnodes
+
+    @property
+    def local_rank(self) -> int:
+        """The rank's index on its own machine: which of that machine's GPUs it takes."""
+        return self.tp_info.rank % self.ranks_per_node

@@ -50,14 +50,15 @@ class Engine:
     def __init__(self, config: EngineConfig):
         tp = config.tp_info
         set_tp_info(tp.rank, tp.size)
-        self.device = torch.device(f"cuda:{tp.rank}") if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device(f"cuda:{config.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
         self.config = config = self._adjust_config(config, self.device)
         model_path = resolve_model_path(config.model_path)
         if is_cuda(self.device):
             torch.cuda.set_device(self.device)
         else:
-            # the GEMMs are memory-bound: hyper-threads only add contention; each TP rank gets its share of cores
-            torch.set_num_threads(max(1, physical_cpu_count() // tp.size))
+            # the GEMMs are memory-bound: hyper-threads only add contention; each of a machine's TP ranks gets its
+            # share of that machine's cores
+            torch.set_num_threads(max(1, physical_cpu_count() // config.ranks_per_node))
         torch.manual_seed(42)
         self.stream = create_stream(self.device)
         self.dtype = config.dtype

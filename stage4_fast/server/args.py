@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Tuple
@@ -31,6 +32,9 @@ class ServerArgs(SchedulerConfig):
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
     max_queued_requests: int = 1024  # requests waiting beyond the running ones before new ones get 503
+    # one model over several machines (SGLang's flags): this machine's index and node 0's "host:port"
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
     @property
     def model_ids(self) -> Tuple[str, ...]:
@@ -69,7 +73,28 @@ class ServerArgs(SchedulerConfig):
 
     @property
     def distributed_addr(self) -> str:
+        if self.dist_init_addr is not None:
+            return f"tcp://{self.dist_init_addr}"
         return f"tcp://127.0.0.1:{self.server_port + 1}"
+
+    @property
+    def zmq_scheduler_broadcast_addr(self) -> str:
+        if self.nnodes == 1:
+            return super().zmq_scheduler_broadcast_addr
+        host, port = split_host_port(self.dist_init_addr or "")
+        return f"tcp://{socket.gethostbyname(host)}:{port + 1}"  # rank 0 binds it on node 0; the others connect
+
+    @property
+    def node_link_addr(self) -> Tuple[str, int]:
+        """Where the machines' launchers meet (node 0's launcher hosts the store): see ``nodes.py``."""
+        host, port = split_host_port(self.dist_init_addr or "")
+        return host, port + 2
+
+    @property
+    def local_tp_ranks(self) -> range:
+        """The TP ranks this machine runs."""
+        first = self.node_rank * self.ranks_per_node
+        return range(first, first + self.ranks_per_node)
 
     @property
     def ipc_paths(self) -> List[str]:
@@ -77,6 +102,28 @@ class ServerArgs(SchedulerConfig):
         addrs = [self.zmq_backend_addr, self.zmq_detokenizer_addr, self.zmq_scheduler_broadcast_addr,
                  self.zmq_frontend_addr, *self.zmq_tokenizer_addrs]
         return [a.removeprefix("ipc://") for a in addrs if a.startswith("ipc://")]
+
+
+def split_host_port(addr: str) -> Tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65533:
+        raise ValueError(f"{addr!r} is not HOST:PORT (PORT, PORT+1 and PORT+2 are used on node 0)")
+    return host, int(port)
+
+
+def _multi_node_problem(tp: int, nnodes: int, node_rank: int, dist_init_addr: str | None) -> str | None:
+    if not node_rank < nnodes:
+        return f"--node-rank {node_rank} must be in 0..{nnodes - 1} (--nnodes {nnodes})"
+    if tp % nnodes:
+        return f"--tp {tp} (the total rank count) does not split evenly over --nnodes {nnodes}"
+    if dist_init_addr is None:
+        return "--dist-init-addr HOST:PORT (node 0's address) is required with --nnodes > 1" if nnodes > 1 else None
+    try:
+        host, _ = split_host_port(dist_init_addr)
+        socket.gethostbyname(host)
+    except (ValueError, OSError) as e:
+        return f"--dist-init-addr {dist_init_addr}: {e}"
+    return None
 
 
 def _resolve_dtype(model_path: str, name: str) -> torch.dtype:
@@ -115,6 +162,8 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     served, aliases = _model_ids(given_model, model_path, kwargs.pop("served_model_name"))
     if shell:  # one conversation: one request slot, no batching
         kwargs.update(max_running_req=1, cuda_graph_max_bs=1, silent_output=True)
+    if why := _multi_node_problem(tp, kwargs["nnodes"], kwargs["node_rank"], kwargs["dist_init_addr"]):
+        parser.error(why)
     if tp > 1 and (why := tp_split_problem(model_path, tp)):
         parser.error(f"--tp {tp}: {why}")  # a readable message now, not an assertion in a rank's start-up
     dtype = _resolve_dtype(model_path, kwargs.pop("dtype"))

@@ -147,7 +147,15 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
 
     g = p.add_argument_group("parallelism and memory")
     g.add_argument("--tensor-parallel-size", "--tp-size", "--tp", "-tp", dest="tp", type=_positive_int, default=1,
-                   metavar="N", help="one scheduler process per rank (NCCL on GPUs, gloo on CPU)")
+                   metavar="N", help="one scheduler process per rank (NCCL on GPUs, gloo on CPU); with --nnodes: "
+                                     "the ranks of all machines")
+    g.add_argument("--nnodes", type=_positive_int, default=1, metavar="M",
+                   help="machines that run the --tp ranks together, tp / M on each")
+    g.add_argument("--node-rank", type=_non_negative_int, default=0, metavar="R",
+                   help="this machine's index; node 0 serves the API, the others run their ranks only")
+    g.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT",
+                   help="node 0's address for the ranks' torch.distributed rendezvous (node 0 also listens on "
+                        "PORT+1 and PORT+2)")
     g.add_argument("--memory-ratio", "--mem-fraction-static", "--gpu-memory-utilization", dest="memory_ratio",
                    type=_fraction, default=0.9, metavar="RATIO",
                    help="share of the GPU memory left free after loading the weights that the KV cache takes "

@@ -8,6 +8,9 @@ Lifecycle rules (upstream had none of them):
 * Ctrl-C / SIGTERM stop all workers: they ignore SIGINT (a terminal sends it to the whole process group; the
   parent alone decides), get SIGTERM, and are killed if they linger; workers also die with a SIGKILLed parent;
 * a worker that dies brings the server down with a message naming it, instead of leaving clients hanging.
+
+With ``--nnodes N`` this runs on every machine: node 0 as above with its share of the ranks, the other nodes only
+their ranks (``nodes.py`` says how the machines learn that one of them is gone).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from dataclasses import replace
 from typing import Any, Callable, List
 
 from ..distributed import DistributedInfo
-from .args import ServerArgs, parse_args
+from .args import ServerArgs, parse_args, split_host_port
 from .cli import prog_name
+from .nodes import NodeLink
 from .preflight import StartupError, bind_listener, check_port_free
 
 logger = logging.getLogger("stage4_fast")
@@ -67,13 +71,17 @@ def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
         scheduler = Scheduler(config)
         try:
             scheduler.sync_all_ranks()
-            if config.tp_info.is_primary():
-                ack_queue.put({"name": "scheduler", **scheduler.backend_info()})
+            info = scheduler.backend_info() if config.tp_info.is_primary() else {}
+            ack_queue.put({"name": "scheduler", "rank": config.tp_info.rank, **info})
             scheduler.run_forever()
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:
-            scheduler.shutdown()
+            try:
+                scheduler.shutdown()  # its barrier fails at once when a rank is gone (another machine was lost)
+            except RuntimeError as e:
+                logger.warning("TP rank %d stopped without the other ranks: %s", config.tp_info.rank,
+                               str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
 
 
 def _run_tokenizer(kwargs: dict, ack_queue: Any, parent_pid: int, log_level: str) -> None:
@@ -96,20 +104,35 @@ class WorkerSet:
         self.ack_queue = self.ctx.Queue()
         self.procs: List[mp.process.BaseProcess] = []
         self.stopping = False
+        self.link: NodeLink | None = None
+        # the node link reports a lost machine through this pipe, which the watchdog waits on with the processes
+        self._link_reader, self._link_writer = mp.Pipe(duplex=False)
+        if config.nnodes > 1:
+            host, port = config.node_link_addr
+            self.link = NodeLink(config.node_rank, config.nnodes, host, port, config.ranks_per_node,
+                                 join_timeout_s=config.distributed_timeout)
+
+    @property
+    def serves(self) -> bool:
+        """Node 0 serves the API and runs the tokenizer/detokenizer; the other nodes run TP ranks only."""
+        return self.config.node_rank == 0
 
     def start(self) -> None:
         c, pid = self.config, os.getpid()
         tp, level = c.tp_info.size, c.effective_log_level
+        if self.link is not None:
+            self.link.start(lambda message, cleanly: self._link_writer.send(message))
         targets: list[tuple[str, Callable, tuple]] = []
-        for rank in range(tp):
+        for rank in c.local_tp_ranks:
             rank_config = replace(c, tp_info=DistributedInfo(rank, tp))
             targets.append((f"minisgl-TP{rank}-scheduler", _run_scheduler, (rank_config, self.ack_queue, pid)))
         common = dict(tokenizer_path=c.model_path, backend_addr=c.zmq_backend_addr,
                       frontend_addr=c.zmq_frontend_addr)
         detok = dict(common, addr=c.zmq_detokenizer_addr, create=c.share_tokenizer, local_bs=64,
                      tokenizer_id=c.num_tokenizer)
-        targets.append(("minisgl-detokenizer-0", _run_tokenizer, (detok, self.ack_queue, pid, level)))
-        for i, addr in enumerate([] if c.share_tokenizer else c.zmq_tokenizer_addrs):
+        if self.serves:
+            targets.append(("minisgl-detokenizer-0", _run_tokenizer, (detok, self.ack_queue, pid, level)))
+        for i, addr in enumerate([] if c.share_tokenizer or not self.serves else c.zmq_tokenizer_addrs):
             tok = dict(common, addr=addr, create=True, local_bs=64, tokenizer_id=i)
             targets.append((f"minisgl-tokenizer-{i}", _run_tokenizer, (tok, self.ack_queue, pid, level)))
         # children inherit an ignored SIGINT through exec (spawn), so Ctrl-C never interrupts them half-way
@@ -129,7 +152,8 @@ class WorkerSet:
 
     def wait_ready(self) -> dict:
         """Block until every worker acknowledged; returns what the scheduler reported."""
-        expected = 1 + (1 if self.config.share_tokenizer else 1 + self.config.num_tokenizer)
+        tokenizers = (1 if self.config.share_tokenizer else 1 + self.config.num_tokenizer) if self.serves else 0
+        expected = len(self.config.local_tp_ranks) + tokenizers
         info: dict = {}
         while expected:
             try:
@@ -137,32 +161,42 @@ class WorkerSet:
             except queue.Empty:
                 ack = None
             if ack is None:
+                if self._link_reader.poll():
+                    raise WorkerDied(f"{self._link_reader.recv()} during start-up")
                 for proc in self.procs:
                     if not proc.is_alive():
                         raise WorkerDied(self._death_message(proc).replace("; shutting", " during start-up; shutting"))
                 continue
             expected -= 1
-            if ack.get("name") == "scheduler":
+            if ack.get("name") == "scheduler" and ack["rank"] == 0:
                 info = ack
         return info
 
     def watch(self, on_death: Callable[[str], None]) -> None:
-        """Call ``on_death(message)`` (from a thread) when a worker exits while we are not stopping."""
+        """Call ``on_death(message)`` (from a thread) when a worker exits, or another machine is lost, while we are
+        not stopping."""
 
         def run() -> None:
             sentinels = {p.sentinel: p for p in self.procs}
-            ready = mp.connection.wait(list(sentinels))
-            if not self.stopping:
+            ready = mp.connection.wait([*sentinels, self._link_reader])
+            if self.stopping:
+                return
+            if self._link_reader in ready:
+                message = f"{self._link_reader.recv()}; " + (
+                    "shutting the server down" if self.serves else "stopping this node's ranks")
+            else:
                 proc = sentinels[ready[0]]
                 proc.join(1.0)
                 message = self._death_message(proc)
-                logger.error(message)
-                on_death(message)
+            logger.error(message)
+            on_death(message)
 
         threading.Thread(target=run, name="worker-watchdog", daemon=True).start()
 
     def stop(self) -> None:
         self.stopping = True
+        if self.link is not None:
+            self.link.stop()  # the other machines stop too
         for proc in self.procs:
             if proc.is_alive():
                 proc.terminate()  # SIGTERM
@@ -178,6 +212,8 @@ class WorkerSet:
             except FileNotFoundError:
                 pass
         self.ack_queue.close()
+        self._link_reader.close()
+        self._link_writer.close()
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -187,9 +223,15 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
     """Before any model loads: the HTTP port (bound now, served later) and the TP rendezvous port must be free."""
     try:
-        if config.tp_info.size > 1:
+        if config.dist_init_addr is not None:  # node 0 binds PORT (+ PORT+1, PORT+2 with several machines)
+            host, port = split_host_port(config.dist_init_addr)
+            uses = ["the TP ranks' rendezvous", "rank 0's step broadcast", "the machines' link"]
+            for offset, what in enumerate(uses[:3 if config.nnodes > 1 else 1] if config.node_rank == 0 else []):
+                check_port_free(socket.gethostbyname(host), port + offset, f"{what} (--dist-init-addr port + "
+                                f"{offset})", flag="--dist-init-addr port")
+        elif config.tp_info.size > 1:
             check_port_free("127.0.0.1", config.server_port + 1, "the TP ranks' rendezvous (--port + 1)")
-        return None if shell else bind_listener(config.server_host, config.server_port)
+        return None if shell or config.node_rank > 0 else bind_listener(config.server_host, config.server_port)
     except StartupError as e:
         print(f"{prog_name()}: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -209,7 +251,9 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
     try:
         workers.start()
         info = workers.wait_ready()
-        if shell:
+        if not workers.serves:
+            exit_code = run_rank_node(config, workers)
+        elif shell:
             from .shell import run_shell as run
 
             exit_code = run(config, info, workers)
@@ -226,6 +270,18 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         workers.stop()
     sys.exit(exit_code)
+
+
+def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
+    """A node other than 0: its ranks follow node 0's; wait until one of them exits or a machine is lost."""
+    ended: queue.Queue[str] = queue.Queue()
+    workers.watch(ended.put)
+    ranks = config.local_tp_ranks
+    logger.info("node %d of %d: TP ranks %d..%d of %d ready, following node 0 at %s", config.node_rank,
+                config.nnodes, ranks[0], ranks[-1], config.tp_info.size, config.dist_init_addr)
+    ended.get()  # Ctrl-C / SIGTERM interrupt the wait (KeyboardInterrupt)
+    link = workers.link
+    return 0 if link is not None and link.lost_cleanly else 1
 
 
 def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener: socket.socket) -> int:

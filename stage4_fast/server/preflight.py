@@ -72,14 +72,14 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def check_port_free(host: str, port: int, what: str) -> None:
+def check_port_free(host: str, port: int, what: str, flag: str = "--port") -> None:
     """For a port someone else binds later (the TP ranks' rendezvous): free now, or a one-line error."""
     if not 1 <= port <= 65535:
-        raise StartupError(f"{what} would be port {port}, which does not exist; pick a lower --port")
+        raise StartupError(f"{what} would be port {port}, which does not exist; pick a lower {flag}")
     family, kind, proto, _, addr = _address(host, port)
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store will
         try:
             sock.bind(addr)
         except OSError as e:
-            raise StartupError(f"{what} needs port {port} on {host}: {e.strerror}; pick another --port") from None
+            raise StartupError(f"{what} needs port {port} on {host}: {e.strerror}; pick another {flag}") from None

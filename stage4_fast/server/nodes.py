@@ -1,0 +1,116 @@
+"""One model over several machines: how the machines' launchers learn that another one is gone.
+
+With ``--nnodes N`` every machine runs the same command with its own ``--node-rank``. Node 0 runs the API server,
+the tokenizer/detokenizer and its TP ranks; the other nodes run only their ranks, which rendezvous with node 0's
+through torch.distributed at ``--dist-init-addr`` and read rank 0's per-step broadcast (``scheduler/io.py``) over TCP.
+
+The TP ranks themselves would notice a lost machine only at their next collective, and an idle server has none.
+So the launcher processes (not the ranks) form a gloo group of their own, N members, whose store node 0's launcher
+hosts at PORT+2. Each member posts a receive that only completes when a peer leaves: node 0 one from every other
+node, every other node one from node 0. A peer that stops cleanly sends a word first; a peer that dies closes its
+sockets, and gloo fails the receive at once ("Connection closed by peer"). Either way the survivor stops: node 0
+takes the whole server down with a message naming the node, the other nodes stop their ranks. A machine that
+vanishes without closing its sockets (power, network) is noticed by the ranks' own collective timeout instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable, List
+
+logger = logging.getLogger("stage4_fast")
+
+# the receives wait for as long as the server runs; torch needs some timeout, so it gets a long one
+_FOREVER = timedelta(days=365)
+_GOODBYE_TIMEOUT = timedelta(seconds=5)
+_STOPPED = 1  # the one word a leaving peer sends
+
+
+@dataclass
+class NodeLink:
+    node_rank: int
+    nnodes: int
+    host: str
+    port: int
+    ranks_per_node: int
+    join_timeout_s: float = 60.0
+    lost: str | None = None  # why the link ended (first loss only)
+    lost_cleanly: bool = False  # the peer said it was stopping
+    _stopping: bool = False
+    _gone: set = field(default_factory=set)  # peers whose receive has ended: they take no word any more
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _joined: threading.Event = field(default_factory=threading.Event)
+
+    def describe(self, node: int) -> str:
+        first = node * self.ranks_per_node
+        return f"node {node} (TP ranks {first}..{first + self.ranks_per_node - 1})"
+
+    def start(self, on_lost: Callable[[str, bool], None]) -> None:
+        """Join the group in a thread (the other launchers may come later) and watch the peers from then on;
+        ``on_lost(message, cleanly)`` is called once, from that thread, unless ``stop`` came first."""
+        threading.Thread(target=self._run, args=(on_lost,), name="node-link", daemon=True).start()
+
+    def _run(self, on_lost: Callable[[str, bool], None]) -> None:
+        import torch.distributed as dist
+
+        try:
+            store = dist.TCPStore(self.host, self.port, is_master=self.node_rank == 0, wait_for_workers=False,
+                                  timeout=timedelta(seconds=self.join_timeout_s))
+            dist.init_process_group("gloo", store=dist.PrefixStore("minisgl-nodes", store), rank=self.node_rank,
+                                    world_size=self.nnodes, timeout=_FOREVER)
+        except Exception as e:  # noqa: BLE001 - whatever torch raised, the message is what the user needs
+            where = "the other nodes" if self.node_rank == 0 else f"node 0 at {self.host}:{self.port}"
+            self._report(on_lost, f"could not reach {where}: {_first_line(e)}", False)
+            return
+        self._joined.set()
+        peers = range(1, self.nnodes) if self.node_rank == 0 else [0]
+        for peer in peers:
+            threading.Thread(target=self._watch, args=(peer, on_lost), name=f"node-link-{peer}", daemon=True).start()
+
+    def _watch(self, peer: int, on_lost: Callable[[str, bool], None]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        word = torch.zeros(1, dtype=torch.int32)
+        try:
+            dist.recv(word, src=peer)
+        except Exception as e:  # noqa: BLE001
+            self._gone.add(peer)
+            self._report(on_lost, f"lost {self.describe(peer)}: {_first_line(e)}", False)
+            return
+        self._gone.add(peer)
+        self._report(on_lost, f"{self.describe(peer)} stopped", word.item() == _STOPPED)
+
+    def _report(self, on_lost: Callable[[str, bool], None], message: str, cleanly: bool) -> None:
+        with self._lock:
+            if self._stopping or self.lost is not None:
+                return
+            self.lost, self.lost_cleanly = message, cleanly
+        on_lost(message, cleanly)
+
+    def stop(self) -> None:
+        """This node is stopping: tell the peers (who stop too), then ignore what they do."""
+        with self._lock:
+            self._stopping = True
+        if not self._joined.is_set():
+            return
+        import torch
+        import torch.distributed as dist
+
+        peers: List[int] = list(range(1, self.nnodes)) if self.node_rank == 0 else [0]
+        for peer in set(peers) - self._gone:
+            try:  # a peer that is gone already (or has had its word) never takes it: don't wait long
+                dist.isend(torch.full((1,), _STOPPED, dtype=torch.int32), dst=peer).wait(_GOODBYE_TIMEOUT)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _first_line(e: BaseException) -> str:
+    """The gist of a torch/gloo error: its first sentence, without gloo's "[file.cc:123] " prefix."""
+    lines = str(e).strip().splitlines()
+    line = lines[0] if lines else type(e).__name__
+    line = line.split("] ", 1)[-1] if line.startswith("[") else line
+    return line.split(". ", 1)[0]
