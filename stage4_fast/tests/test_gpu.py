@@ -152,3 +152,34 @@ def test_bf16_qwen3_shape_teacher_forced_against_hf(backend):
         print(f"[{backend} graphs={graphs}] max rel L2 {rel:.4f}, argmax agreement on clear steps {agree:.4f} "
               f"({int(clear.sum())}/{clear.numel()} clear)")
         assert rel < REL_L2_BOUND and agree == 1.0
+
+
+# ---- one model across machines ----------------------------------------------------------------------------------
+
+# the two "machines" share a host here: without P2P and shared memory NCCL takes its network transport (sockets, or
+# InfiniBand where there is one), the path two real machines use
+NETWORK_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_nodes_of_one_gpu_equal_tp2_on_one_node(monkeypatch):
+    """`--tp 2 --nnodes 2`: node 0 on GPU 0, node 1 on GPU 1 (NCCL over its network transport) gives the tokens of
+    `--tp 2` on one node, and both give HF's (fp32)."""
+    from stage4_fast.harness import free_port, server_process
+
+    from .test_multinode import PROMPTS, complete, node_flags, node_log, start_node1
+
+    model = prepared_model("tiny-qwen3")
+    with server_process(str(model), tp=2, num_pages=256) as one_node:
+        want = [complete(one_node.base_url, p) for p in PROMPTS]
+    dist_port = free_port()
+    for name, value in {**NETWORK_ONLY, "CUDA_VISIBLE_DEVICES": "0"}.items():
+        monkeypatch.setenv(name, value)
+    with start_node1(model, dist_port, tp=2, env={"CUDA_VISIBLE_DEVICES": "1"}) as node1, \
+            server_process(str(model), tp=2, num_pages=256, extra_args=node_flags(0, dist_port, tp=2)) as node0:
+        got = [complete(node0.base_url, p) for p in PROMPTS]
+        assert "rank 1/2 on cuda:0" in node_log(node1)  # node 1's only rank, on its machine's first GPU
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    assert got == want == [tokenizer.decode(ids) for ids in hf_generate(model, PROMPTS)]

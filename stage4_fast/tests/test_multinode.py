@@ -28,16 +28,19 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [100, 200, 300]]
 NEW_TOKENS = 8
 
 
-def _node_flags(node_rank: int, dist_port: int) -> list[str]:
-    return ["--tp", "4", "--nnodes", "2", "--node-rank", str(node_rank), "--dist-init-addr", f"127.0.0.1:{dist_port}"]
+def node_flags(node_rank: int, dist_port: int, tp: int = 4) -> list[str]:
+    return ["--tp", str(tp), "--nnodes", "2", "--node-rank", str(node_rank), "--dist-init-addr",
+            f"127.0.0.1:{dist_port}"]
 
 
 @contextmanager
-def _node1(model: Path, dist_port: int) -> Iterator[subprocess.Popen]:
+def start_node1(model: Path, dist_port: int, tp: int = 4,
+                env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """Node 1's command, as a second machine would run it (its own session: its own process tree)."""
     cmd = [sys.executable, "-m", "stage4_fast", "--model", str(model), "--dtype", "float32", "--num-pages", "256",
-           *_node_flags(1, dist_port)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+           *node_flags(1, dist_port, tp)]
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -50,13 +53,13 @@ def _node1(model: Path, dist_port: int) -> Iterator[subprocess.Popen]:
             proc.wait()
 
 
-def _log(proc: subprocess.Popen) -> str:
+def node_log(proc: subprocess.Popen) -> str:
     log = proc.log  # type: ignore[attr-defined]
     log.seek(0)
     return log.read().decode(errors="replace")
 
 
-def _complete(base_url: str, prompt: list[int]) -> str:
+def complete(base_url: str, prompt: list[int]) -> str:
     body = json.dumps({"prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}).encode()
     req = urllib.request.Request(f"{base_url}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
@@ -79,10 +82,10 @@ def test_two_nodes_of_two_ranks_equal_hf_and_losing_node1_stops_node0():
     tokenizer = AutoTokenizer.from_pretrained(model)
     want = [tokenizer.decode(ids) for ids in hf_generate(model, PROMPTS, NEW_TOKENS)]
     dist_port = free_port()
-    with _node1(model, dist_port) as node1, \
-            server_process(str(model), tp=4, num_pages=256, extra_args=_node_flags(0, dist_port)) as node0:
-        assert [_complete(node0.base_url, p) for p in PROMPTS] == want
-        assert "rank 3/4" in _log(node1) and "rank 1/4" in node0.log()  # each node ran its own two ranks
+    with start_node1(model, dist_port) as node1, \
+            server_process(str(model), tp=4, num_pages=256, extra_args=node_flags(0, dist_port)) as node0:
+        assert [complete(node0.base_url, p) for p in PROMPTS] == want
+        assert "rank 3/4" in node_log(node1) and "rank 1/4" in node0.log()  # each node ran its own two ranks
         assert "rank 2/4" not in node0.log()
         node0_tree = _tree(node0.proc.pid)
 
@@ -96,14 +99,14 @@ def test_two_nodes_of_two_ranks_equal_hf_and_losing_node1_stops_node0():
 def test_stopping_node0_stops_node1():
     model = prepared_model("tiny-qwen3")
     dist_port = free_port()
-    with _node1(model, dist_port) as node1, \
-            server_process(str(model), tp=4, num_pages=256, extra_args=_node_flags(0, dist_port)) as node0:
+    with start_node1(model, dist_port) as node1, \
+            server_process(str(model), tp=4, num_pages=256, extra_args=node_flags(0, dist_port)) as node0:
         node1_tree = _tree(node1.pid)
         assert node0.stop() == 0  # SIGTERM, as an operator would
-        assert node1.wait(60) == 0, _log(node1)
+        assert node1.wait(60) == 0, node_log(node1)
         assert _alive(node1_tree, 30) == []
-        assert "node 0 (TP ranks 0..1) stopped; stopping this node's ranks" in _log(node1)
-        assert "Traceback" not in node0.log() + _log(node1)
+        assert "node 0 (TP ranks 0..1) stopped; stopping this node's ranks" in node_log(node1)
+        assert "Traceback" not in node0.log() + node_log(node1)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -121,7 +124,7 @@ def test_multi_node_flag_errors_are_one_line_before_loading(flags, message, caps
 
 def test_node_layout():
     model = str(prepared_model("tiny-qwen3"))
-    config, _ = parse_args(["--model", model, *_node_flags(1, 5000)])
+    config, _ = parse_args(["--model", model, *node_flags(1, 5000)])
     assert list(config.local_tp_ranks) == [2, 3] and config.ranks_per_node == 2
     assert config.distributed_addr == "tcp://127.0.0.1:5000"
     assert config.zmq_scheduler_broadcast_addr == "tcp://127.0.0.1:5001"  # rank 0's step broadcast leaves the host
