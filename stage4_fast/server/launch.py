@@ -162,7 +162,7 @@ class WorkerSet:
                 ack = None
             if ack is None:
                 if self._link_reader.poll():
-                    raise WorkerDied(f"{self._link_reader.recv()} during start-up")
+                    raise WorkerDied(f"{self._link_reader.recv()}; stopping during start-up")
                 for proc in self.procs:
                     if not proc.is_alive():
                         raise WorkerDied(self._death_message(proc).replace("; shutting", " during start-up; shutting"))

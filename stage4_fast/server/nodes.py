@@ -62,8 +62,8 @@ class NodeLink:
             dist.init_process_group("gloo", store=dist.PrefixStore("minisgl-nodes", store), rank=self.node_rank,
                                     world_size=self.nnodes, timeout=_FOREVER)
         except Exception as e:  # noqa: BLE001 - whatever torch raised, the message is what the user needs
-            where = "the other nodes" if self.node_rank == 0 else f"node 0 at {self.host}:{self.port}"
-            self._report(on_lost, f"could not reach {where}: {_first_line(e)}", False)
+            who = "the other nodes" if self.node_rank == 0 else "node 0 (is it running, with this --dist-init-addr?)"
+            self._report(on_lost, f"no link to {who} at {self.host}:{self.port}: {_first_line(e)}", False)
             return
         self._joined.set()
         peers = range(1, self.nnodes) if self.node_rank == 0 else [0]
@@ -113,4 +113,4 @@ def _first_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     line = lines[0] if lines else type(e).__name__
     line = line.split("] ", 1)[-1] if line.startswith("[") else line
-    return line.split(". ", 1)[0]
+    return line.split(". ", 1)[0].rstrip(".")
