@@ -87,6 +87,9 @@ NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
     "regex": _NI((), "constrained decoding"),
     "json_schema": _NI((), "constrained decoding"),
     "ebnf": _NI((), "constrained decoding"),
+    # SGLang's own fields, which its router (sglang-router) adds to every request at these values
+    "no_stop_trim": _NI((False,), "keeping the stop string"),
+    "return_hidden_states": _NI((False,), "hidden states in the response"),
 }
 NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
     **NOT_IMPLEMENTED_SAMPLING,
@@ -102,6 +105,10 @@ NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
     "prediction": _NI((), "predicted outputs"),
     "reasoning_effort": _NI((), "reasoning effort"),
     "web_search_options": _NI((), "web search"),
+    # SGLang's (sent by sglang-router); without a reasoning parser, as here, SGLang ignores either value too
+    "continue_final_message": _NI((False,), "continuing the last assistant message"),
+    "separate_reasoning": _NI((True, False), "a reasoning parser"),
+    "stream_reasoning": _NI((True, False), "a reasoning parser"),
 }
 NOT_IMPLEMENTED_COMPLETION: Dict[str, NotImplementedField] = {
     **NOT_IMPLEMENTED_SAMPLING,
