@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -131,3 +133,21 @@ def test_node_layout():
     assert config.node_link_addr == ("127.0.0.1", 5002)
     single, _ = parse_args(["--model", model, "--tp", "2"])
     assert single.zmq_scheduler_broadcast_addr.startswith("ipc://")  # one machine: unchanged
+
+
+def test_node0_with_a_busy_port_fails_in_one_line_before_loading():
+    model = prepared_model("tiny-qwen3")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        dist_port = busy.getsockname()[1] - 1  # PORT + 1, rank 0's step broadcast, is taken
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        out = subprocess.run([sys.executable, "-m", "stage4_fast", "--model", str(model), "--port", str(free_port()),
+                              *node_flags(0, dist_port)], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    # (PORT itself is free unless some other process just took it: then the message names that one)
+    assert re.fullmatch(r"python -m stage4_fast: error: .+ \(--dist-init-addr port \+ [01]\) needs port \d+ on "
+                        r"127\.0\.0\.1: .+; pick another --dist-init-addr port", line), line
+    assert f"step broadcast (--dist-init-addr port + 1) needs port {dist_port + 1}" in line or "+ 0" in line
