@@ -156,14 +156,14 @@ def test_bf16_qwen3_shape_teacher_forced_against_hf(backend):
 
 # ---- one model across machines ----------------------------------------------------------------------------------
 
-# the two "machines" share a host here: without P2P and shared memory NCCL takes its network transport (sockets, or
-# InfiniBand where there is one), the path two real machines use
-NETWORK_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+# the two "machines" share a host here: without P2P, shared memory and InfiniBand NCCL takes its socket transport
+# (over the loopback interface, where --dist-init-addr points), the path two machines on Ethernet use
+NETWORK_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_nodes_of_one_gpu_equal_tp2_on_one_node(monkeypatch):
-    """`--tp 2 --nnodes 2`: node 0 on GPU 0, node 1 on GPU 1 (NCCL over its network transport) gives the tokens of
+    """`--tp 2 --nnodes 2`: node 0 on GPU 0, node 1 on GPU 1 (NCCL over its socket transport) gives the tokens of
     `--tp 2` on one node, and both give HF's (fp32)."""
     from stage4_fast.harness import free_port, server_process
 
