@@ -40,6 +40,8 @@ class LLM(Scheduler):
         # tp > 1 runs ranks 1..tp-1 in processes of their own (stage 4)
         if tp > 1 and (why := tp_split_problem(model_path, tp)):
             raise ValueError(f"tp={tp}: {why}")
+        if kwargs.get("nnodes", 1) != 1:
+            raise ValueError("the offline LLM runs on one machine; several machines: the server's --nnodes")
         config = SchedulerConfig(
             model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype, offline_mode=True,
             **tp_config_fields(tp), **kwargs

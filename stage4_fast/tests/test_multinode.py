@@ -151,3 +151,10 @@ def test_node0_with_a_busy_port_fails_in_one_line_before_loading():
     assert re.fullmatch(r"python -m stage4_fast: error: .+ \(--dist-init-addr port \+ [01]\) needs port \d+ on "
                         r"127\.0\.0\.1: .+; pick another --dist-init-addr port", line), line
     assert f"step broadcast (--dist-init-addr port + 1) needs port {dist_port + 1}" in line or "+ 0" in line
+
+
+def test_offline_llm_refuses_several_machines():
+    from stage4_fast import LLM
+
+    with pytest.raises(ValueError, match="the offline LLM runs on one machine"):
+        LLM(str(prepared_model("tiny-qwen3")), tp=2, nnodes=2)
