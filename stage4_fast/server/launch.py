@@ -121,7 +121,7 @@ class WorkerSet:
         c, pid = self.config, os.getpid()
         tp, level = c.tp_info.size, c.effective_log_level
         if self.link is not None:
-            self.link.start(lambda message, cleanly: self._link_writer.send(message))
+            self.link.start(self._link_writer.send)
         targets: list[tuple[str, Callable, tuple]] = []
         for rank in c.local_tp_ranks:
             rank_config = replace(c, tp_info=DistributedInfo(rank, tp))
@@ -223,12 +223,13 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
     """Before any model loads: the HTTP port (bound now, served later) and the TP rendezvous port must be free."""
     try:
-        if config.dist_init_addr is not None:  # node 0 binds PORT (+ PORT+1, PORT+2 with several machines)
-            host, port = split_host_port(config.dist_init_addr)
-            uses = ["the TP ranks' rendezvous", "rank 0's step broadcast", "the machines' link"]
-            for offset, what in enumerate(uses[:3 if config.nnodes > 1 else 1] if config.node_rank == 0 else []):
-                check_port_free(socket.gethostbyname(host), port + offset, f"{what} (--dist-init-addr port + "
-                                f"{offset})", flag="--dist-init-addr port")
+        if config.dist_init_addr is not None:
+            if config.node_rank == 0:  # node 0 binds PORT (+ PORT+1 and PORT+2 with several machines)
+                host, port = split_host_port(config.dist_init_addr)
+                uses = ["the TP ranks' rendezvous", "rank 0's step broadcast", "the machines' link"]
+                for offset, what in enumerate(uses if config.nnodes > 1 else uses[:1]):
+                    check_port_free(socket.gethostbyname(host), port + offset,
+                                    f"{what} (--dist-init-addr port + {offset})", flag="--dist-init-addr port")
         elif config.tp_info.size > 1:
             check_port_free("127.0.0.1", config.server_port + 1, "the TP ranks' rendezvous (--port + 1)")
         return None if shell or config.node_rank > 0 else bind_listener(config.server_host, config.server_port)

@@ -15,13 +15,10 @@ vanishes without closing its sockets (power, network) is noticed by the ranks' o
 
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, List
-
-logger = logging.getLogger("stage4_fast")
+from typing import Callable, List, Set
 
 # the receives wait for as long as the server runs; torch needs some timeout, so it gets a long one
 _FOREVER = timedelta(days=365)
@@ -40,20 +37,26 @@ class NodeLink:
     lost: str | None = None  # why the link ended (first loss only)
     lost_cleanly: bool = False  # the peer said it was stopping
     _stopping: bool = False
-    _gone: set = field(default_factory=set)  # peers whose receive has ended: they take no word any more
+    _gone: Set[int] = field(default_factory=set)  # peers whose receive has ended: they take no word any more
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _joined: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def peers(self) -> List[int]:
+        """Whom this node watches: node 0 every other node, the others node 0."""
+        return list(range(1, self.nnodes)) if self.node_rank == 0 else [0]
 
     def describe(self, node: int) -> str:
         first = node * self.ranks_per_node
         return f"node {node} (TP ranks {first}..{first + self.ranks_per_node - 1})"
 
-    def start(self, on_lost: Callable[[str, bool], None]) -> None:
+    def start(self, on_lost: Callable[[str], None]) -> None:
         """Join the group in a thread (the other launchers may come later) and watch the peers from then on;
-        ``on_lost(message, cleanly)`` is called once, from that thread, unless ``stop`` came first."""
+        ``on_lost(message)`` is called once, from such a thread, unless ``stop`` came first (``lost_cleanly`` then
+        says whether the peer stopped on purpose)."""
         threading.Thread(target=self._run, args=(on_lost,), name="node-link", daemon=True).start()
 
-    def _run(self, on_lost: Callable[[str, bool], None]) -> None:
+    def _run(self, on_lost: Callable[[str], None]) -> None:
         import torch.distributed as dist
 
         try:
@@ -61,35 +64,34 @@ class NodeLink:
                                   timeout=timedelta(seconds=self.join_timeout_s))
             dist.init_process_group("gloo", store=dist.PrefixStore("minisgl-nodes", store), rank=self.node_rank,
                                     world_size=self.nnodes, timeout=_FOREVER)
-        except Exception as e:  # noqa: BLE001 - whatever torch raised, the message is what the user needs
+        except Exception as e:  # whatever torch raised (timeout, refused, bad address): its message says why
             who = "the other nodes" if self.node_rank == 0 else "node 0 (is it running, with this --dist-init-addr?)"
             self._report(on_lost, f"no link to {who} at {self.host}:{self.port}: {_first_line(e)}", False)
             return
         self._joined.set()
-        peers = range(1, self.nnodes) if self.node_rank == 0 else [0]
-        for peer in peers:
+        for peer in self.peers:
             threading.Thread(target=self._watch, args=(peer, on_lost), name=f"node-link-{peer}", daemon=True).start()
 
-    def _watch(self, peer: int, on_lost: Callable[[str, bool], None]) -> None:
+    def _watch(self, peer: int, on_lost: Callable[[str], None]) -> None:
         import torch
         import torch.distributed as dist
 
         word = torch.zeros(1, dtype=torch.int32)
         try:
             dist.recv(word, src=peer)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # gloo: "Connection closed by peer"
             self._gone.add(peer)
             self._report(on_lost, f"lost {self.describe(peer)}: {_first_line(e)}", False)
             return
         self._gone.add(peer)
         self._report(on_lost, f"{self.describe(peer)} stopped", word.item() == _STOPPED)
 
-    def _report(self, on_lost: Callable[[str, bool], None], message: str, cleanly: bool) -> None:
+    def _report(self, on_lost: Callable[[str], None], message: str, cleanly: bool) -> None:
         with self._lock:
             if self._stopping or self.lost is not None:
                 return
             self.lost, self.lost_cleanly = message, cleanly
-        on_lost(message, cleanly)
+        on_lost(message)
 
     def stop(self) -> None:
         """This node is stopping: tell the peers (who stop too), then ignore what they do."""
@@ -100,11 +102,10 @@ class NodeLink:
         import torch
         import torch.distributed as dist
 
-        peers: List[int] = list(range(1, self.nnodes)) if self.node_rank == 0 else [0]
-        for peer in set(peers) - self._gone:
+        for peer in set(self.peers) - self._gone:
             try:  # a peer that is gone already (or has had its word) never takes it: don't wait long
                 dist.isend(torch.full((1,), _STOPPED, dtype=torch.int32), dst=peer).wait(_GOODBYE_TIMEOUT)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 
