@@ -270,7 +270,15 @@ def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: s
         asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
         r = asyncio.run(_run_clients(url, w, len(w.prompts)))
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
-            "wrong_lengths": r["wrong_lengths"]}
+            "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
+            **{f"{k}_p{q}_s": _quantile(r[f"{k}_s"], q / 100) for k in ("ttft", "itl", "tpot") for q in (50, 99)}}
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 # ---- main -----------------------------------------------------------------------------------------------------------
