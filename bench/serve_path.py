@@ -7,7 +7,7 @@ real batching, prefix cache and messages) except that the engine's forward is re
 token per request in no time (`--step-ms` adds a sleep per step, like a GPU step). What is left is what the
 processes between the scheduler and the HTTP stream cost per token: the burst's output tokens per second is the
 ceiling the serving path puts on a fast GPU, and each process's CPU seconds per streamed token say where it goes.
-The client (httpx, one asyncio loop, as `python -m bench`'s server jobs) is measured the same way.
+The client processes (httpx, one asyncio loop each, as `python -m bench`'s server jobs) are measured too.
 
 Every sampled id is a real token of the model's tokenizer (ids from [100, vocab - 100)), so every token streams
 text, and prompts are token ids (no tokenizer work on the way in).
@@ -80,9 +80,14 @@ def serve(stage: str, argv: list[str], step_s: float) -> None:
 # ---- client side ---------------------------------------------------------------------------------------------------
 
 def _cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds; for this process also its finished children (the client processes)."""
     import psutil
 
-    return {pid: sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids}
+    out = {}
+    for pid in pids:
+        t = psutil.Process(pid).cpu_times()
+        out[pid] = t.user + t.system + (t.children_user + t.children_system if pid == os.getpid() else 0.0)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(100, 1024))
     ap.add_argument("--step-ms", type=float, default=0.0, help="sleep per scheduler step (a GPU step's time)")
     ap.add_argument("--server-args", default="", help="more flags for the server, e.g. '--page-size 16'")
+    ap.add_argument("--client-procs", type=int, default=1, help="client processes the burst is spread over")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
     args, rest = ap.parse_known_args(argv)
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
     import psutil
 
-    from .worker import _quantile, _run_clients
+    from .worker import _quantile, _run_burst, _run_clients
     from .workloads import Workload
 
     port = 20000 + os.getpid() % 20000
@@ -139,11 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         # the launcher (API server) starts the scheduler, then the tokenizer/detokenizer worker
         workers = sorted((c for c in psutil.Process(proc.pid).children(recursive=True)
                           if "resource_tracker" not in " ".join(c.cmdline())), key=lambda c: c.create_time())
-        names = {os.getpid(): "client (httpx)", proc.pid: "api server"}
+        names = {os.getpid(): "clients (httpx)", proc.pid: "api server"}
         names.update(zip([c.pid for c in workers], ["scheduler", "detokenizer"]))
         before = _cpu_seconds(list(names))
         w = Workload("burst", prompts(args.requests), [args.output_len] * args.requests)
-        r = asyncio.run(_run_clients(url, w, args.requests))
+        r = _run_burst(url, w, args.client_procs)
         after = _cpu_seconds(list(names))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
