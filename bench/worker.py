@@ -238,8 +238,9 @@ def _client_process(url: str, w: Workload, start: Any, out: Any) -> None:
 
 
 def burst_client_processes() -> int:
-    """One Python client process streams ~20-25k chunks/s at most (httpx, one event loop; measured on the H200
-    host): a burst of 256 streams from one process measures the client. A quarter of the cores, 1 to 4."""
+    """A Python client process (httpx, one event loop) spends tens of CPU µs per streamed chunk (60-80 on the 2-core
+    dev machine, `python -m bench.serve_path`), so one process cannot take the ~25k chunks/s a GPU server sends:
+    the burst would measure the client. A quarter of the cores, 1 to 4."""
     return max(1, min(4, physical_cores() // 4))
 
 
