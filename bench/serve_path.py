@@ -1,6 +1,6 @@
 """The serving path alone: `python -m stage4_fast` with a model that answers instantly, and a streaming burst.
 
-    python -m bench.serve_path [--requests 256] [--output-len 256] [--step-ms 0] [--stage stage4_fast]
+    python -m bench serve-path [--requests 256] [--output-len 256] [--step-ms 0] [--client-procs 1]
 
 The server runs exactly as `python -m <stage>` does (API server, tokenizer/detokenizer worker, scheduler with its
 real batching, prefix cache and messages) except that the engine's forward is replaced by a stub that returns a
@@ -91,7 +91,7 @@ def _cpu_seconds(pids: list[int]) -> dict[int, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.serve_path", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench serve-path", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", default="stage4_fast", choices=["stage3_served", "stage4_fast"])
     ap.add_argument("--model", default=str(ROOT / "models" / "tiny-qwen3"))
