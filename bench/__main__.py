@@ -3,6 +3,7 @@
 commands:
   run            (the default) HF transformers and every stage on the same workloads, plus the ablations
   serve          one server: time to first token and tokens/s at 1 and 16 clients, a request-rate sweep (--rates)
+  serve-path     the serving path alone (engine forward stubbed): CPU µs per streamed token in each process
   worker         one engine, one configuration, one process: what `run` starts for every measurement
   breakdown      where one offline `generate` spends its time: per step host vs device, a kernel profile (GPU)
   decode-sweep   the Triton decode kernel's launch parameters at the real workload's shapes (GPU)
@@ -18,8 +19,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"run": "run", "serve": "serve", "worker": "worker", "breakdown": "gpu_breakdown",
-            "decode-sweep": "gpu_decode_sweep", "tp": "gpu_tp", "tp-logits": "gpu_tp_logits"}
+COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker",
+            "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep", "tp": "gpu_tp",
+            "tp-logits": "gpu_tp_logits"}
 
 
 def main(argv: list[str]) -> int:

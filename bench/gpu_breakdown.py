@@ -1,6 +1,7 @@
 """Where the time of one offline `generate` goes: per step host time vs device time, and a kernel profile.
 
     python -m bench breakdown --gpu [--options '{"page_size": 16}'] [--json out.json] [--profile-step 200]
+                                    [--calls 3]
 
 Runs the offline workload of `python -m bench` (GPU: upstream's 256 requests) through `stage4_fast.LLM` twice:
 
@@ -9,6 +10,8 @@ Runs the offline workload of `python -m bench` (GPU: upstream's 256 requests) th
    call, result processing, and inside it the wait for the step's tokens). Printed per phase and per decode
    batch-size band: steps, tokens, device ms/step, host ms/step, host wait ms/step; overall wall time, device busy
    time and idle time. Overlap scheduling hides host work behind the device only while host < device per step.
+   With `--calls N` the same workload runs N times on the same engine, each call timed on its own: call 1 starts
+   with an empty prefix cache, the later ones with a warm cache (the state a long-running server is in).
 2. profiled: the same run with torch.profiler around a few decode steps at step `--profile-step` (replayed CUDA
    graphs) and the same number of steps run eagerly (graphs switched off for them): kernel time per step by kind
    (GEMM, attention, everything else) and the top kernels.
@@ -231,9 +234,11 @@ def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
                                 "gap_ms": 1e3 * steps[i]["gap_before_s"],
                                 "prev_host_interval_ms": 1e3 * steps[i - 1]["host_interval_s"] if i else 0.0}
                                for i in big]
-        # one compact row per step: phase (1 = prefill), bs, kv tokens, host launch, device start, device ms
+        # one compact row per step: phase (1 = prefill), bs, kv tokens, host launch, device start, device ms,
+        # host ms in the forward call (a JIT compile or an allocation shows here)
         res["step_rows"] = [[int(r["phase"] == "prefill"), r["bs"], r["kv"], round(1e3 * r["t_launch_s"], 3),
-                             round(1e3 * r["dev_start_s"], 3), round(1e3 * r["device_s"], 3)] for r in steps]
+                             round(1e3 * r["dev_start_s"], 3), round(1e3 * r["device_s"], 3),
+                             round(1e3 * r["host_forward_s"], 3)] for r in steps]
     return res
 
 
@@ -252,6 +257,11 @@ def report(name: str, s: dict) -> str:
         lines.append(f"   {label:18s} {a['steps']:5d} steps, mean bs {a['mean_bs']:6.1f}, mean kv/step "
                      f"{a['mean_kv']:9.0f}, host {a['host_interval_ms']:.2f} ms/step (forward call "
                      f"{a['host_forward_ms']:.2f}){dev}")
+    slow = sorted(range(len(s.get("step_rows", []))), key=lambda i: -s["step_rows"][i][6])[:5]
+    if slow:
+        lines.append("   slowest forward calls (host): " + "; ".join(
+            f"step {i} ({'prefill' if s['step_rows'][i][0] else 'decode'}, bs {s['step_rows'][i][1]}): "
+            f"{s['step_rows'][i][6]:.1f} ms" for i in slow))
     if s.get("largest_gaps"):
         lines.append("   largest device gaps: " + "; ".join(
             f"step {g['step']} ({g['phase']}, bs {g['bs']}): {g['gap_ms']:.1f} ms" for g in s["largest_gaps"]))
@@ -279,6 +289,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--profile-step", type=int, default=200, help="first profiled step (of the second run)")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--calls", type=int, default=1, help="timed generate calls on the same engine (2+: warm cache)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a module constant before the engine starts (e.g. "
                          "stage4_fast.kernel.triton_attention.DECODE_BLOCK_N=128), for A/B runs")
@@ -310,16 +321,22 @@ def main(argv: list[str]) -> int:
     inst = Instrument(llm, cuda=args.gpu)
     out: dict = {"meta": meta.run_meta("python -m bench breakdown", argv, gpu=args.gpu), "label": label,
                  "options": options, "workload": w.note, "requests": len(w.prompts)}
-    inst.reset()
-    t0 = time.perf_counter()
-    results = llm.generate(w.prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - t0
-    inst.finish()
-    wrong = sum(len(r["token_ids"]) != n for r, n in zip(results, w.output_lens))
-    out["timed"] = summarize(inst, wall, w.output_tokens)
-    out["timed"]["wrong_lengths"] = wrong
-    out["first_tokens"] = [r["token_ids"][:8] for r in results[:4]]
-    print(report(f"{label} (timed)", out["timed"]), flush=True)
+    out["calls"] = []
+    for call in range(1, args.calls + 1):
+        inst.reset()
+        t0 = time.perf_counter()
+        results = llm.generate(w.prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        inst.finish()
+        summary = summarize(inst, wall, w.output_tokens)
+        summary["wrong_lengths"] = sum(len(r["token_ids"]) != n for r, n in zip(results, w.output_lens))
+        summary["prefill_tokens"] = sum(r["tokens"] for r in inst.steps if r["phase"] == "prefill")
+        out["calls"].append(summary)
+        if call == 1:
+            out["timed"] = summary
+            out["first_tokens"] = [r["token_ids"][:8] for r in results[:4]]
+        name = f"{label} (timed)" if args.calls == 1 else f"{label} (call {call} of {args.calls})"
+        print(report(name, summary) + f"\n   prefill tokens computed {summary['prefill_tokens']:,}", flush=True)
     if args.gpu and not args.no_profile:
         inst.reset()
         inst.profile_at, inst.profile_steps = args.profile_step, args.profile_steps

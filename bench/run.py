@@ -31,6 +31,7 @@ NO_PLOTS = 'note: matplotlib is not installed, so this run writes no plots (pip 
 BUSY = 0.15  # a job during which other processes used more than this share of the CPUs was measured on a busy machine
 CPU_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 GPU_MODEL = ROOT / "models" / "qwen3-0.6b-shape"
+BURST_MODEL = ROOT / "models" / "qwen3-0.6b-shape-v49k"  # the same shape with the tokenizer's vocabulary
 
 
 @dataclass
@@ -91,6 +92,13 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             # the GPU attention backends on the same workload: our Triton kernels vs FlashInfer (GPU only)
             jobs += [Job(f"abl:attn:{b}", "stage4_fast", ["offline"], {"attention_backend": b})
                      for b in ("triton", "fi")]
+            # a long-running server's state: the prefix cache full of earlier requests (three calls per engine)
+            warm = (("radix", {}), ("page16", {"page_size": 16}), ("naive", {"cache_type": "naive"}))
+            jobs += [Job(f"abl:warm:{name}", "stage4_fast", ["offline_warm"], opts) for name, opts in warm]
+            # the whole offline workload as one burst of streamed requests, against offline on the same model (one
+            # whose vocabulary is the tokenizer's, so every token streams text)
+            jobs += [Job("abl:burst:offline", "stage4_fast", ["offline"], {}, BURST_MODEL),
+                     Job("abl:burst:served", "stage4_fast", ["serve_offline"], {}, BURST_MODEL)]
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")
@@ -182,8 +190,9 @@ def main(argv: list[str]) -> int:
                     help="stage the ablations run on (default: the newest stage2+ in the run)")
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--ablations", nargs="+", default=None, metavar="NAME",
-                    help="run only these ablation groups: radix chunked overlap page graph attn tp (default: all)")
-    ap.add_argument("--no-serve", action="store_true", help="skip the server jobs (TTFT / ITL)")
+                    help="run only these ablation groups: radix chunked overlap page graph attn tp warm burst "
+                         "(default: all; warm and burst on a GPU)")
+    ap.add_argument("--no-serve", action="store_true", help="skip the server jobs (TTFT / ITL at 1 and 16 clients)")
     ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
     ap.add_argument("--out", type=Path, default=meta.LOCAL,
                     help="results directory (default: bench/local/, gitignored); `--out bench/results` replaces the "
@@ -221,6 +230,9 @@ def main(argv: list[str]) -> int:
             skipped.append(f"{e} (not built yet)")
             print(f"note: {e} is not built yet — skipped", file=sys.stderr)
     jobs, abl_stage, notes = plan(engines, args, len(gpus))
+    if any(j.model == BURST_MODEL for j in jobs) and not (BURST_MODEL / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "models", "make", BURST_MODEL.name, "--device", "cuda"], cwd=ROOT,
+                       check=True)
 
     machine = args.machine or meta.machine_key(gpus, args.gpu)
     prefix = machine + ("-quick" if args.quick else "")

@@ -8,6 +8,8 @@ Tasks:
     prefill        tokens/s of one prompt's prefill (time to the first token of a fresh prompt; best of N)
     decode         single-stream decode tokens/s ((n - 1) / (time for n tokens - time for 1 token))
     offline        output tokens/s on the offline workload, plus each request's completion time
+    offline_warm   the offline workload three times on the same engine: call 1 with an empty prefix cache, calls
+                   2 and 3 with the cache full of the earlier calls' prompts (a long-running server's state)
     serve          stage3+: TTFT / inter-token latency through the HTTP server at 1 and 16 concurrent clients
     serve_offline  stage3+: the offline workload sent to the server all at once (how TP is compared)
     shared_prefix  stage2+: prefill tokens computed and wall time on the shared-prefix workload
@@ -28,6 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +38,7 @@ from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES, GenResult, launch_serv
 from .meta import relative
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
-TASKS = ["prefill", "decode", "offline", "serve", "serve_offline", "shared_prefix", "long_prompt"]
+TASKS = ["prefill", "decode", "offline", "offline_warm", "serve", "serve_offline", "shared_prefix", "long_prompt"]
 SERVER_ONLY = {"serve", "serve_offline"}  # need no engine in this process
 
 
@@ -92,6 +95,12 @@ def task_offline(adapter, w: Workload) -> dict:
     return {"workload": w.note, "requests": len(w.prompts), "prompt_tokens": w.prompt_tokens,
             "output_tokens": w.output_tokens, "seconds": wall, "tok_s": w.output_tokens / wall,
             "finish_s": res.finish_s, "wrong_lengths": _check_lengths(res, w)}
+
+
+def task_offline_warm(adapter, w: Workload, calls: int = 3) -> dict:
+    runs = [task_offline(adapter, w) for _ in range(calls)]
+    return {"workload": w.note, "calls_tok_s": [r["tok_s"] for r in runs], "tok_s": runs[0]["tok_s"],
+            "wrong_lengths": sum(r["wrong_lengths"] for r in runs)}
 
 
 def task_shared_prefix(adapter, sizes: Sizes, vocab: int) -> dict:
@@ -197,8 +206,9 @@ async def _stream_one(client, url: str, prompt: list[int], max_tokens: int) -> d
             "chunks": len(chunks), "tpot": tpot, "latency": chunks[-1]}
 
 
-async def _run_clients(url: str, w: Workload, concurrency: int) -> dict:
-    """`concurrency` clients, each sending its next request as soon as its previous one is done."""
+async def _stream_all(url: str, w: Workload, concurrency: int) -> tuple[list[dict], float, float]:
+    """`concurrency` clients, each sending its next request as soon as its previous one is done; returns each
+    request's figures and the start and end time (perf_counter: one clock for every process of the machine)."""
     import httpx
 
     queue: asyncio.Queue = asyncio.Queue()
@@ -214,8 +224,44 @@ async def _run_clients(url: str, w: Workload, concurrency: int) -> dict:
 
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    return {"concurrency": concurrency, **_summary(results, wall)}
+        return results, t0, time.perf_counter()
+
+
+async def _run_clients(url: str, w: Workload, concurrency: int) -> dict:
+    results, t0, t1 = await _stream_all(url, w, concurrency)
+    return {"concurrency": concurrency, **_summary(results, t1 - t0)}
+
+
+def _client_process(url: str, w: Workload, start: Any, out: Any) -> None:
+    start.wait()  # every client process begins together: one burst
+    out.put(asyncio.run(_stream_all(url, w, len(w.prompts))))
+
+
+def burst_client_processes() -> int:
+    """A Python client process (httpx, one event loop) spends tens of CPU µs per streamed chunk (60-80 on the 2-core
+    dev machine, `python -m bench.serve_path`), so one process cannot take the ~25k chunks/s a GPU server sends:
+    the burst would measure the client. A quarter of the cores, 1 to 4."""
+    return max(1, min(4, physical_cores() // 4))
+
+
+def _run_burst(url: str, w: Workload, processes: int) -> dict:
+    """Every request of `w` at once, spread over `processes` client processes (round robin)."""
+    if processes <= 1:
+        return {"client_processes": 1, **asyncio.run(_run_clients(url, w, len(w.prompts)))}
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")  # the parent holds no CUDA state (server jobs load no engine)
+    start, out = ctx.Barrier(processes), ctx.Queue()
+    parts = [Workload(w.name, w.prompts[i::processes], w.output_lens[i::processes]) for i in range(processes)]
+    procs = [ctx.Process(target=_client_process, args=(url, part, start, out), daemon=True) for part in parts]
+    for proc in procs:
+        proc.start()
+    done = [out.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    results = [r for rs, _, _ in done for r in rs]
+    wall = max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done)
+    return {"concurrency": len(w.prompts), "client_processes": processes, **_summary(results, wall)}
 
 
 async def _run_rate(url: str, w: Workload, rate: float, seed: int = 0) -> dict:
@@ -268,9 +314,18 @@ def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: s
     with launch_server(stage, model, log, dtype, **options) as url:
         # warm up on a prompt outside the workload (the workload's own first prompt would then come from the cache)
         asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
-        r = asyncio.run(_run_clients(url, w, len(w.prompts)))
+        r = _run_burst(url, w, burst_client_processes())
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
-            "wrong_lengths": r["wrong_lengths"]}
+            "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
+            "client_processes": r["client_processes"],
+            **{f"{k}_p{q}_s": _quantile(r[f"{k}_s"], q / 100) for k in ("ttft", "itl", "tpot") for q in (50, 99)}}
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 # ---- main -----------------------------------------------------------------------------------------------------------
@@ -308,6 +363,8 @@ def run(args: argparse.Namespace) -> dict:
             r = task_decode(adapter, sizes, vocab)
         elif t == "offline":
             r = task_offline(adapter, w)
+        elif t == "offline_warm":
+            r = task_offline_warm(adapter, w)
         elif t == "shared_prefix":
             r = task_shared_prefix(adapter, sizes, vocab)
         elif t == "long_prompt":

@@ -95,6 +95,17 @@ RANDOM_MODELS: dict[str, RandomModelSpec] = {
              tie_word_embeddings=True, attention_bias=False, bos_token_id=1, eos_token_id=2),
         tiny=False, dtype="bfloat16",
     ),
+    # the same shape with the tokenizer's 49,152-entry vocabulary: every sampled id is a real token, so a served
+    # stream carries text for each one (with 151,936 ids most would stream nothing)
+    "qwen3-0.6b-shape-v49k": RandomModelSpec(
+        "Qwen3-0.6B shape with a 49,152-token vocab (every id streams text), random bf16",
+        "Qwen3ForCausalLM",
+        dict(model_type="qwen3", vocab_size=VOCAB, hidden_size=1024, intermediate_size=3072,
+             num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
+             tie_word_embeddings=True, attention_bias=False, bos_token_id=1, eos_token_id=2),
+        tiny=False, dtype="bfloat16",
+    ),
     "qwen3-8b-shape": RandomModelSpec(
         "Qwen3-8B shape (36 layers, hidden 4096, 32q/8kv heads), random bf16",
         "Qwen3ForCausalLM",

@@ -33,6 +33,10 @@ def _parse_bool(raw: str) -> bool:
 
 class _Env:
     DISABLE_OVERLAP_SCHEDULING = EnvVar("DISABLE_OVERLAP_SCHEDULING", False, _parse_bool)
+    # The scheduler checks its KV pages whenever it goes idle. The deep check walks the whole prefix cache and the
+    # free list (~0.2 s at a million cached tokens), which a server idle between requests would make the next
+    # request wait for; by default only the sizes are checked. The test suites switch it on (conftest.py).
+    CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
     # the fused Triton element-wise kernels of 16-bit GPU forwards (kernel/triton_fused.py), off for A/B measurements
     DISABLE_FUSED_KERNELS = EnvVar("DISABLE_FUSED_KERNELS", False, _parse_bool)
     # sampling of the interactive shell (`--shell`)

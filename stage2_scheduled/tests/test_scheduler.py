@@ -187,6 +187,22 @@ def test_overlap_switch_env_and_config(tiny_model, monkeypatch):
     assert not make_llm(tiny_model("qwen3")).overlap_scheduling
 
 
+def test_idle_check_walks_the_cache_only_when_asked(tiny_model, monkeypatch):
+    """The scheduler checks its pages whenever it goes idle. A server idle between requests with a million cached
+    tokens spent ~0.2 s there walking the prefix cache, which the next request waited for: by default only the
+    sizes are checked; the test suites (conftest.py) ask for the deep check."""
+    llm = make_llm(tiny_model("qwen3"))
+    llm.generate([[5, 6, 7, 8]], greedy(3), use_tqdm=False)
+    walks: list = []
+    monkeypatch.setattr(llm.cache_manager.prefix_cache, "check_integrity", lambda: walks.append(1))
+    monkeypatch.delenv("MINISGL_CHECK_CACHE_DEEP", raising=False)
+    llm.run_when_idle()
+    assert walks == []
+    monkeypatch.setenv("MINISGL_CHECK_CACHE_DEEP", "1")
+    llm.run_when_idle()
+    assert walks == [1]
+
+
 def test_decode_batch_order_is_stable(tiny_model):
     """The running set keeps admission order, so a decode batch is laid out the same way on every run."""
     llm = make_llm(tiny_model("qwen3"), overlap_scheduling=False)

@@ -8,6 +8,12 @@ the tree or wholly by one request.
 Reference counts are per path: locking a handle increments every node from the handle's node up to (not
 including) the root, so a node is protected while any request that uses a prefix through it runs. Only unlocked
 leaves are evicted, least recently used first.
+
+Eviction touches only what it evicts: the evictable leaves wait in a heap ordered by last use (upstream walks the
+whole tree on every evict() call, which a server with a full pool does every few steps, over a tree that grows with
+everything it has served). Entries are checked when they come up instead of being removed when a leaf is locked,
+gains a child or is touched again; the heap is rebuilt once it holds more than twice as many entries as the tree has
+nodes, so stale entries cost O(1) amortised.
 """
 
 from __future__ import annotations
@@ -131,6 +137,9 @@ class RadixPrefixCache(BasePrefixCache):
         self.root_node.ref_count = 1  # the root is never evicted nor unlocked
         self.evictable_size = 0
         self.protected_size = 0
+        self.num_nodes = 0  # without the root
+        # (timestamp when queued, uuid, node) of leaves that were evictable then; see the module docstring
+        self._leaf_heap: list[tuple[int, int, RadixTreeNode]] = []
 
     # -- queries ---------------------------------------------------------------------------------------------
     def _tree_walk(self, input_ids: torch.Tensor) -> tuple[RadixTreeNode, int]:
@@ -149,6 +158,7 @@ class RadixPrefixCache(BasePrefixCache):
             prefix_len += match_len
             if match_len < node.length:
                 node = node.split_at(match_len)
+                self.num_nodes += 1
                 node.timestamp = tic
                 break
             node.timestamp = tic
@@ -169,6 +179,8 @@ class RadixPrefixCache(BasePrefixCache):
             leaf.set_key_value(input_ids[prefix_len:].clone(), indices[prefix_len:].clone())
             leaf.set_parent(node)
             self.evictable_size += leaf.length
+            self.num_nodes += 1
+            self._queue_if_evictable(leaf)
             node = leaf
         return InsertResult(prefix_len, RadixCacheHandle(insert_len, node))
 
@@ -182,6 +194,7 @@ class RadixPrefixCache(BasePrefixCache):
                 if node.ref_count == 0:
                     self.evictable_size += node.length
                     self.protected_size -= node.length
+                    self._queue_if_evictable(node)
             else:
                 if node.ref_count == 0:
                     self.evictable_size -= node.length
@@ -193,23 +206,38 @@ class RadixPrefixCache(BasePrefixCache):
         if size == 0:
             return self.root_node.value
         assert size <= self.evictable_size, f"cannot evict {size} tokens, only {self.evictable_size} are evictable"
-        # Like upstream, gather the candidates with one walk per call: evict() runs only when the free list is
-        # short, and the trees here are small.
-        leaves = [n for n in self._all_nodes() if n.is_leaf() and n.ref_count == 0]
-        heapq.heapify(leaves)
         evicted: list[torch.Tensor] = []
         evicted_size = 0
         while evicted_size < size:
-            node = heapq.heappop(leaves)
+            queued_at, _, node = heapq.heappop(self._leaf_heap)
+            if not self._is_evictable_leaf(node):
+                continue  # locked, has a child now, or already evicted: a stale entry
+            if queued_at != node.timestamp:
+                self._queue(node)  # used since it was queued: back in line at its new place
+                continue
             parent = node.parent
             del parent.children[self.key_fn(node.key)]
             node._parent = None
             evicted.append(node.value)
             evicted_size += node.length
             self.evictable_size -= node.length
-            if parent.is_leaf() and parent.ref_count == 0:  # the root's count is 1, so it never qualifies
-                heapq.heappush(leaves, parent)
+            self.num_nodes -= 1
+            self._queue_if_evictable(parent)  # the root's count is 1, so it never qualifies
         return torch.cat(evicted)
+
+    def _is_evictable_leaf(self, node: RadixTreeNode) -> bool:
+        return node._parent is not None and node.ref_count == 0 and node.is_leaf()
+
+    def _queue_if_evictable(self, node: RadixTreeNode) -> None:
+        if self._is_evictable_leaf(node):
+            self._queue(node)
+
+    def _queue(self, node: RadixTreeNode) -> None:
+        if len(self._leaf_heap) > 2 * self.num_nodes + 64:  # mostly stale entries: start again from the tree
+            self._leaf_heap = [(n.timestamp, n.uuid, n) for n in self._all_nodes() if self._is_evictable_leaf(n)]
+            heapq.heapify(self._leaf_heap)  # `node` is among them
+        else:
+            heapq.heappush(self._leaf_heap, (node.timestamp, node.uuid, node))
 
     def reset(self) -> None:
         raise NotImplementedError("evict(size_info.evictable_size) returns the slots; reset would lose them")
@@ -256,3 +284,7 @@ class RadixPrefixCache(BasePrefixCache):
         )
         indices = self.all_indices()
         assert len(torch.unique(indices)) == len(indices), "a KV slot is owned by two tree nodes"
+        nodes = self._all_nodes()
+        assert self.num_nodes == len(nodes), (self.num_nodes, len(nodes))
+        queued = {id(n) for _, _, n in self._leaf_heap}
+        assert all(id(n) in queued for n in nodes if self._is_evictable_leaf(n)), "an evictable leaf is not queued"

@@ -339,7 +339,7 @@ class Scheduler(SchedulerIOMixin):
 
     def run_when_idle(self) -> None:
         """Nothing is running or in flight: all pages must be free or cached."""
-        self.cache_manager.check_integrity()
+        self.cache_manager.check_integrity(deep=ENV.CHECK_CACHE_DEEP.value)
 
     def shutdown(self) -> None:
         synchronize(self.device)

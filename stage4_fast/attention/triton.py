@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..core import Batch
     from ..models import ModelConfig
 
+# a multiple of kernel/triton_attention.SCRATCH_SPLIT_ALIGN, so eager decodes share the graphs' compiled kernels
 MAX_DECODE_SPLITS = 16
 
 

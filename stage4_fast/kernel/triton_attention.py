@@ -54,7 +54,17 @@ def _attend_key_block(
     return acc, m_new, l_i
 
 
-@triton.jit
+# Triton compiles one variant per "specialisation" of a kernel's integer arguments (== 1, divisible by 16). The
+# decode kernels must not get a new variant from the split count or from whoever allocated the split scratch: the
+# CUDA graphs (fixed buffers, MAX splits wide) compile theirs at capture, and an eager decode-shaped batch (a prefill
+# of one token per request, e.g. prompts the prefix cache holds but for their last token) compiling another one
+# stalled every running request for ~0.8 s on the H200 (bench/gpu_notes.md, "warm cache"). So num_splits is not
+# specialised on, and eager scratch is allocated SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
+SCRATCH_SPLIT_ALIGN = 16
+_DECODE_UNSPECIALISED = ["num_splits"]
+
+
+@triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
 def _decode_split_kernel(
     Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
@@ -106,7 +116,7 @@ def _decode_split_kernel(
         tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
 def _decode_combine_kernel(
     MidO, MidLse, Out,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
@@ -222,9 +232,10 @@ def decode_attention(
     launch = {} if _interpreting() else dict(num_warps=num_warps or dflt[1], num_stages=num_stages or dflt[2])
     direct = num_splits == 1
     if not direct:
-        if mid_o is None:
-            mid_o = torch.empty(batch, num_qo_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-            mid_lse = torch.empty(batch, num_qo_heads, num_splits, dtype=torch.float32, device=q.device)
+        if mid_o is None:  # the graphs' layout (see SCRATCH_SPLIT_ALIGN): same strides, same compiled kernel
+            width = triton.cdiv(num_splits, SCRATCH_SPLIT_ALIGN) * SCRATCH_SPLIT_ALIGN
+            mid_o = torch.empty(batch, num_qo_heads, width, head_dim, dtype=torch.float32, device=q.device)
+            mid_lse = torch.empty(batch, num_qo_heads, width, dtype=torch.float32, device=q.device)
         assert mid_lse is not None
         mo, ml = mid_o, mid_lse
     else:

@@ -36,6 +36,20 @@ class UserReply(BaseFrontendMsg):
     cached_tokens: int = 0
     error: str | None = None  # the request was rejected (tokenizer or scheduler); the API answers with a 4xx
 
+    def followed_by(self, later: UserReply) -> UserReply:
+        """One reply standing for this one and the next of the same request (the API server merges what queued up
+        while it was busy, and writes it as one chunk)."""
+        return UserReply(
+            uid=self.uid,
+            incremental_output=self.incremental_output + later.incremental_output,
+            finished=later.finished,
+            finish_reason=later.finish_reason,
+            prompt_tokens=later.prompt_tokens or self.prompt_tokens,
+            completion_tokens=later.completion_tokens,
+            cached_tokens=later.cached_tokens or self.cached_tokens,
+            error=later.error,
+        )
+
 
 @dataclass
 class StatsReply(BaseFrontendMsg):

@@ -6,7 +6,8 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any, AsyncIterator, Dict, List
+from collections import deque
+from typing import Any, AsyncIterator, Deque, Dict, List
 
 from ..message import (
     AbortMsg,
@@ -103,14 +104,25 @@ class FrontendManager:
     async def replies(self, uid: int) -> AsyncIterator[UserReply]:
         """The request's replies up to the finished one. However the consumer stops (done, stop string, client
         gone, cancelled), the entry is removed; a request that did not finish is aborted in the backend.
-        (Upstream removed entries only when its own loop ended, which its callers never let happen.)"""
+        (Upstream removed entries only when its own loop ended, which its callers never let happen.)
+
+        Replies that queued up while this request's consumer waited for its turn are merged into one (not upstream;
+        vLLM's output collector does the same): a loaded server then writes one chunk per request per turn instead
+        of one per token, which is what its event loop can keep up with; an idle one still streams every token."""
         queue = self.ack_map[uid]
         finished = False
         last = self.submit_time.get(uid)
         first = True
+        held: Deque[UserReply | StatsReply | None] = deque()  # taken from the queue but not mergeable
         try:
             while True:
-                reply = await queue.get()
+                reply = held.popleft() if held else await queue.get()
+                while isinstance(reply, UserReply) and not (reply.finished or reply.error) and not queue.empty():
+                    later = queue.get_nowait()
+                    if not isinstance(later, UserReply) or later.error:
+                        held.append(later)  # an error or "backend gone" comes after the text before it
+                        break
+                    reply = reply.followed_by(later)
                 if self.metrics is not None and reply is not None and last is not None:
                     now = time.perf_counter()
                     (self.metrics.ttft if first else self.metrics.itl).observe(now - last)

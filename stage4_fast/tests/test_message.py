@@ -80,7 +80,27 @@ def test_every_message_kind_round_trips(msg, base):
     assert _same(msg, _wire(msg, base))
 
 
+@pytest.mark.parametrize(
+    "msg, base",
+    [
+        (BatchTokenizerMsg([DetokenizeMsg(u, 100 + u, u == 2, None if u < 2 else "x", "length" if u == 2 else "")
+                            for u in range(3)]), BaseTokenizerMsg),
+        (BatchFrontendMsg([UserReply(1, "世界", False, prompt_tokens=3), UserReply(2, "", True, "stop", 4, 5, 1)]),
+         BaseFrontendMsg),
+        (BatchBackendMsg([UserMsg(u, torch.arange(u + 1, dtype=torch.int32), SamplingParams(stop_token_ids=[u]))
+                          for u in range(3)]), BaseBackendMsg),  # tensors and nested messages inside the columns
+    ],
+)
+def test_a_batch_of_one_kind_travels_as_columns(msg, base):
+    """One step's tokens of every request: one list per field on the wire, not one dict per message."""
+    wire = msg.encoder()["data"]
+    assert wire["__type__"] == "__columns__" and len(next(iter(wire["fields"].values()))) == len(msg.data)
+    assert _same(msg, _wire(msg, base))
+
+
 def test_unknown_type_on_the_wire_is_refused():
+    with pytest.raises(TypeError, match="unknown message type"):
+        BaseTokenizerMsg.decoder({"__type__": "__columns__", "cls": "os.system", "fields": {"cmd": ["true"]}})
     with pytest.raises(TypeError, match="unknown message type"):
         BaseBackendMsg.decoder({"__type__": "os.system", "cmd": "true"})
     # a frontend message is not a backend message

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stage4_fast.kvcache.radix_cache import RadixCacheHandle, RadixPrefixCache
+from stage4_fast.kvcache.radix_cache import RadixCacheHandle, RadixPrefixCache, RadixTreeNode
 
 CPU = torch.device("cpu")
 
@@ -108,6 +108,53 @@ def test_eviction_walks_up_once_a_parent_becomes_a_leaf():
     assert sorted(evicted.tolist()) == [0, 1, 2, 12]
     assert matched(cache, ids(5)) == (1, [20])
     cache.check_integrity()
+
+
+def _nodes_evict_looks_at(monkeypatch, num_leaves: int, evict_leaves: int) -> int:
+    """Nodes evict() examines (is_leaf calls) when it takes back `evict_leaves` of `num_leaves` two-token leaves,
+    half of them touched since they were inserted (their queue entries are stale)."""
+    cache = RadixPrefixCache(CPU)
+    for i in range(num_leaves):
+        cache.insert_prefix(ids(i, i), slots(2 * i, 2))
+    for i in range(0, num_leaves, 2):
+        cache.match_prefix(ids(i, i))
+    calls = 0
+    is_leaf = RadixTreeNode.is_leaf
+
+    def counting(node: RadixTreeNode) -> bool:
+        nonlocal calls
+        calls += 1
+        return is_leaf(node)
+
+    monkeypatch.setattr(RadixTreeNode, "is_leaf", counting)
+    evicted = cache.evict(2 * evict_leaves)
+    monkeypatch.setattr(RadixTreeNode, "is_leaf", is_leaf)
+    untouched = [2 * i + j for i in range(1, 2 * evict_leaves, 2) for j in (0, 1)]  # the odd leaves, oldest first
+    assert sorted(evicted.tolist()) == untouched
+    cache.check_integrity()
+    return calls
+
+
+def test_eviction_cost_grows_with_what_is_evicted_not_with_the_tree(monkeypatch):
+    """A server whose pool is full evicts every few steps, from a tree that holds everything it has served. Upstream
+    (and this cache before) walked every node on each evict() call; now evicting k leaves looks at O(k) nodes."""
+    small = _nodes_evict_looks_at(monkeypatch, 40, 5)
+    large = _nodes_evict_looks_at(monkeypatch, 4000, 5)
+    assert large == small <= 4 * 5 * 2  # the untouched leaves, the touched ones re-queued, and their parents
+    assert _nodes_evict_looks_at(monkeypatch, 4000, 50) <= 10 * small
+
+
+def test_lock_and_touch_cycles_keep_the_eviction_queue_bounded():
+    cache = RadixPrefixCache(CPU)
+    for i in range(10):
+        cache.insert_prefix(ids(i, i, i), slots(3 * i, 3))
+    for step in range(5000):  # every cycle queues the leaf again; stale entries must not pile up
+        handle = cache.match_prefix(ids(step % 10, step % 10)).cuda_handle  # splits once, then touches
+        cache.lock_handle(handle)
+        cache.lock_handle(handle, unlock=True)
+    assert len(cache._leaf_heap) <= 2 * cache.num_nodes + 65
+    cache.check_integrity()
+    assert cache.evict(cache.size_info.evictable_size).numel() == 30
 
 
 def test_evicting_zero_is_a_no_op_and_more_than_evictable_is_an_error():

@@ -146,3 +146,37 @@ def test_stats_are_readable_by_an_operator(tiny_server: ServerProcess):
                 "running_reqs", "pending_reqs", "free_req_slots", "max_running_req", "cache_type", "aborted_reqs"):
         assert key in s["scheduler"], key
     assert s["scheduler"]["page_size"] == TINY_SERVER_OPTIONS["page_size"]
+
+
+def _replies_seen_by_the_stream(queued: list) -> list:
+    """What FrontendManager.replies yields for one request whose replies all queued up before it got its turn."""
+    from stage4_fast.message import UserReply
+    from stage4_fast.server.args import ServerArgs
+    from stage4_fast.server.frontend import BackendUnavailable, FrontendManager
+
+    async def run() -> list:
+        fm = FrontendManager(ServerArgs(model_path="unused", _unique_suffix=f".merge-test-{time.monotonic_ns()}"))
+        uid = fm._new_uid()
+        for reply in queued:
+            fm.ack_map[uid].put_nowait(reply if reply is None else UserReply(uid, *reply))
+        seen: list = []
+        try:
+            async for reply in fm.replies(uid):
+                seen.append((reply.incremental_output, reply.finished, reply.completion_tokens, reply.error))
+        except BackendUnavailable:
+            seen.append("backend gone")
+        fm.shutdown()
+        return seen
+
+    return asyncio.run(run())
+
+
+def test_replies_that_queued_up_reach_the_client_as_one_chunk():
+    """A loaded API server gets to each stream only now and then: what arrived meanwhile goes out as one chunk
+    (one SSE write per request per turn instead of one per token), text and usage as if sent one by one."""
+    queued = [("a", False, "", 3, 1), ("b", False, "", 3, 2), ("c", False, "", 3, 3), ("d", True, "length", 3, 4)]
+    assert _replies_seen_by_the_stream(queued) == [("abcd", True, 4, None)]
+    # an error or a dead backend is never merged into the text before it: the text goes out first
+    queued = [("a", False, "", 3, 1), ("b", False, "", 3, 2), ("", True, "error", 3, 2, 0, "boom")]
+    assert _replies_seen_by_the_stream(queued) == [("ab", False, 2, None), ("", True, 2, "boom")]
+    assert _replies_seen_by_the_stream([("a", False, "", 3, 1), None]) == [("a", False, 1, None), "backend gone"]

@@ -92,6 +92,35 @@ def test_any_interleaving_of_requests_decodes_each_exactly(picks, seed):
     assert mgr.decode_map == {}
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(TEXTS) - 1), min_size=1, max_size=4),
+       st.integers(min_value=0, max_value=2**31))
+def test_batches_decode_like_one_message_at_a_time(picks, seed):
+    """The worker decodes what it drained from its queue in one go: one step's tokens of every request, or several
+    steps (a request then appears more than once). Same replies as message by message, in the same order."""
+    tok = tokenizer()
+    rng = random.Random(seed)
+    ids = {uid: tok.encode(TEXTS[p]) for uid, p in enumerate(picks)}
+    msgs, pos = [], {uid: 0 for uid in ids}
+    while pos:
+        uid = rng.choice(sorted(pos))
+        i = pos[uid]
+        last = i == len(ids[uid]) - 1
+        msgs.append(DetokenizeMsg(uid, ids[uid][i], last, finish_reason="length" if last else ""))
+        pos[uid] += 1
+        if last:
+            del pos[uid]
+    one_by_one = DetokenizeManager(tok)
+    expected = [one_by_one.detokenize([m]) for m in msgs]
+    batched, replies, start = DetokenizeManager(tok), [], 0
+    while start < len(msgs):
+        size = rng.randint(1, 8)
+        replies += batched.detokenize(msgs[start : start + size])
+        start += size
+    assert replies == [r for rs in expected for r in rs]
+    assert batched.decode_map == {}
+
+
 def test_final_eos_is_counted_but_not_shown():
     tok = tokenizer()
     ids = tok.encode("Paris.") + [tok.eos_token_id]

@@ -70,3 +70,46 @@ def test_strided_query_view_is_supported():
     out = decode_attention(q, k, v, pt, tidx, lens, 32**-0.5, 1)
     ref = paged_attention_ref(q.contiguous(), k, v, pt, tidx, torch.arange(3, dtype=torch.int32), lens, 32**-0.5)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+class _LaunchRecorder:
+    """Stands in for a @triton.jit kernel: ``kernel[grid](*args)`` records the arguments instead of running."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append(args)
+
+
+def test_eager_decode_compiles_nothing_the_graphs_did_not(monkeypatch):
+    """Triton compiles a kernel once per specialisation of its integer arguments (== 1, divisible by 16). An eager
+    decode-shaped batch (its own scratch, any split count) must fall in the class the CUDA graphs were captured
+    with (fixed scratch MAX_DECODE_SPLITS wide): before, split count 13 with a 13-wide scratch compiled a new
+    variant at the first warm-cache prefill, ~0.8 s on the H200 while every request waited."""
+    import inspect
+
+    from stage4_fast.attention.triton import MAX_DECODE_SPLITS
+    from stage4_fast.kernel import triton_attention as ta
+
+    names = [p for p in inspect.signature(ta._decode_split_kernel.fn).parameters]
+    recorder = _LaunchRecorder()
+    monkeypatch.setattr(ta, "_decode_split_kernel", recorder)
+    monkeypatch.setattr(ta, "_decode_combine_kernel", _LaunchRecorder())
+    gen, k, v, pt, tidx, lens = _paged_setup(4, [7, 30], 2, 32)
+    q = torch.randn(2, 16, 32, generator=gen)
+    graph_o = torch.empty(8, 16, MAX_DECODE_SPLITS, 32)  # the capture buffers: [max_bs, Hq, MAX splits, D]
+    graph_lse = torch.empty(8, 16, MAX_DECODE_SPLITS)
+    ta.decode_attention(q, k, v, pt, tidx, lens, 1.0, 12, mid_o=graph_o[:2], mid_lse=graph_lse[:2])
+    ta.decode_attention(q, k, v, pt, tidx, lens, 1.0, 16, mid_o=graph_o[:2], mid_lse=graph_lse[:2])
+    graph_classes = set()
+    for args in recorder.calls:
+        graph_classes.add(tuple((v == 1, v % 16 == 0) for n, v in zip(names, args)
+                                if isinstance(v, int) and n not in ta._DECODE_UNSPECIALISED))
+    for splits in (2, 5, 13, 15):
+        recorder.calls.clear()
+        ta.decode_attention(q, k, v, pt, tidx, lens, 1.0, splits)
+        (args,) = recorder.calls
+        eager = tuple((v == 1, v % 16 == 0) for n, v in zip(names, args)
+                      if isinstance(v, int) and n not in ta._DECODE_UNSPECIALISED)
+        assert eager in graph_classes, f"{splits} splits: {eager} not among {graph_classes}"

@@ -10,7 +10,7 @@ the last token whatever remains is flushed, so the concatenated stream equals de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from transformers import PreTrainedTokenizerBase
 
@@ -31,15 +31,67 @@ class DecodeStatus:
     cached_tokens: int = 0
 
 
+def batch_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[List[List[int]]], List[str]]:
+    """Decode many id lists in one call: a fast tokenizer's Rust ``decode_batch`` when transformers' ``decode``
+    would add nothing to it (no clean-up of tokenization spaces), else ``decode`` per list."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if hasattr(backend, "decode_batch") and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return lambda seqs: backend.decode_batch(seqs, skip_special_tokens=False)
+    return lambda seqs: [tokenizer.decode(ids) for ids in seqs]
+
+
 class DetokenizeManager:
+    """Works per batch: a step's tokens of every running request are decoded in one tokenizer call."""
+
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.decode_map: Dict[int, DecodeStatus] = {}
+        self._decode_batch = batch_decoder(tokenizer)
 
     def detokenize(self, msgs: List[DetokenizeMsg]) -> List[UserReply]:
-        return [self.detokenize_one(msg) for msg in msgs]
+        # a batch may hold several steps (the worker drains its queue): one request's messages stay in order
+        replies: List[UserReply] = []
+        start = 0
+        seen: set = set()
+        for i, msg in enumerate(msgs):
+            if msg.uid in seen:
+                replies += self._detokenize_step(msgs[start:i])
+                start, seen = i, set()
+            seen.add(msg.uid)
+        return replies + self._detokenize_step(msgs[start:])
 
     def detokenize_one(self, msg: DetokenizeMsg) -> UserReply:
+        return self._detokenize_step([msg])[0]
+
+    def _detokenize_step(self, msgs: List[DetokenizeMsg]) -> List[UserReply]:
+        """Messages of distinct requests."""
+        statuses = [self._record(msg) for msg in msgs]
+        pending = [(s, msg.finished) for s, msg in zip(statuses, msgs) if s.read_offset < len(s.decoded_ids)]
+        windows = [s.decoded_ids[s.surr_offset : s.read_offset] for s, _ in pending]
+        windows += [s.decoded_ids[s.surr_offset :] for s, _ in pending]
+        texts = self._decode_batch(windows) if windows else []
+        for (s, flush), prefix, text in zip(pending, texts, texts[len(pending) :]):
+            if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
+                s.decoded_str += text[len(prefix) :]
+                s.surr_offset = s.read_offset
+                s.read_offset = len(s.decoded_ids)
+        replies = []
+        for s, msg in zip(statuses, msgs):
+            new_text = s.decoded_str[s.sent_offset :]
+            s.sent_offset = len(s.decoded_str)
+            replies.append(UserReply(
+                uid=msg.uid,
+                incremental_output=new_text,
+                finished=msg.finished,
+                finish_reason=msg.finish_reason,
+                prompt_tokens=s.prompt_tokens,
+                completion_tokens=s.completion_tokens,
+                cached_tokens=s.cached_tokens,
+                error=msg.error,
+            ))
+        return replies
+
+    def _record(self, msg: DetokenizeMsg) -> DecodeStatus:
         if msg.finished:
             # the request ends here: forget it even if it was aborted or rejected before any token
             status = self.decode_map.pop(msg.uid, None) or DecodeStatus()
@@ -52,29 +104,4 @@ class DetokenizeManager:
             # a request that stopped on EOS / a stop token does not show that token
             if not (msg.finished and msg.finish_reason == "stop"):
                 status.decoded_ids.append(msg.next_token)
-        self._advance(status, flush=msg.finished)
-        new_text = status.decoded_str[status.sent_offset :]
-        status.sent_offset = len(status.decoded_str)
-        return UserReply(
-            uid=msg.uid,
-            incremental_output=new_text,
-            finished=msg.finished,
-            finish_reason=msg.finish_reason,
-            prompt_tokens=status.prompt_tokens,
-            completion_tokens=status.completion_tokens,
-            cached_tokens=status.cached_tokens,
-            error=msg.error,
-        )
-
-    def _advance(self, s: DecodeStatus, flush: bool) -> None:
-        if s.read_offset == len(s.decoded_ids):
-            return
-        prefix = self._decode(s.decoded_ids[s.surr_offset : s.read_offset])
-        text = self._decode(s.decoded_ids[s.surr_offset :])
-        if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
-            s.decoded_str += text[len(prefix) :]
-            s.surr_offset = s.read_offset
-            s.read_offset = len(s.decoded_ids)
-
-    def _decode(self, ids: List[int]) -> str:
-        return self.tokenizer.decode(ids) if ids else ""
+        return status

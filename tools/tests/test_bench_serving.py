@@ -22,7 +22,7 @@ def test_serve_runs_never_repeat_a_prompt(monkeypatch):
 
     async def fake_run_clients(url, w, concurrency):
         sent.extend(tuple(p) for p in w.prompts)
-        return {"seconds": 1.0, "output_tokens": 0, "tok_s": 0.0, "wrong_lengths": 0}
+        return {"concurrency": concurrency, **worker._summary([], 1.0)}
 
     @contextlib.contextmanager
     def fake_server(*args, **kwargs):
@@ -30,6 +30,7 @@ def test_serve_runs_never_repeat_a_prompt(monkeypatch):
 
     monkeypatch.setattr(worker, "_run_clients", fake_run_clients)
     monkeypatch.setattr(worker, "launch_server", fake_server)
+    monkeypatch.setattr(worker, "burst_client_processes", lambda: 1)
     worker.task_serve("stage3_served", "m", SIZES["cpu", False], 49152, "float32", Path("log"), {})
     assert len(sent) == 1 + sum(SIZES["cpu", False].serve_requests.values())
     assert len(set(sent)) == len(sent)
@@ -72,3 +73,17 @@ def test_rates_must_be_positive():
 
     with pytest.raises(SystemExit):
         serve.main(["--rates", "0"])
+
+
+def test_a_burst_spread_over_client_processes_sends_every_request_once(monkeypatch):
+    """One Python client process tops out below what the server streams; the burst is split round robin over
+    several processes that start together, and their figures are merged."""
+    async def fake_stream_one(client, url, prompt, max_tokens):
+        return {"ttft": 0.01, "itl": [0.01], "tokens": max_tokens, "chunks": 2, "tpot": 0.01, "latency": 0.02,
+                "prompt": tuple(prompt)}
+
+    monkeypatch.setattr(worker, "_stream_one", fake_stream_one)
+    w = worker.serve_workload(SIZES["cpu", True], 49152, 7, seed=2)
+    r = worker._run_burst("http://fake", w, 3)
+    assert r["client_processes"] == 3 and r["requests"] == 7 and r["wrong_lengths"] == 0
+    assert r["output_tokens"] == sum(w.output_lens) and len(r["ttft_s"]) == 7

@@ -1,0 +1,177 @@
+"""The serving path alone: `python -m stage4_fast` with a model that answers instantly, and a streaming burst.
+
+    python -m bench serve-path [--requests 256] [--output-len 256] [--step-ms 0] [--client-procs 1]
+
+The server runs exactly as `python -m <stage>` does (API server, tokenizer/detokenizer worker, scheduler with its
+real batching, prefix cache and messages) except that the engine's forward is replaced by a stub that returns a
+token per request in no time (`--step-ms` adds a sleep per step, like a GPU step). What is left is what the
+processes between the scheduler and the HTTP stream cost per token: the burst's output tokens per second is the
+ceiling the serving path puts on a fast GPU, and each process's CPU seconds per streamed token say where it goes.
+The client processes (httpx, one asyncio loop each, as `python -m bench`'s server jobs) are measured too.
+
+Every sampled id is a real token of the model's tokenizer (ids from [100, vocab - 100)), so every token streams
+text, and prompts are token ids (no tokenizer work on the way in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- server side (runs in the spawned scheduler process) -------------------------------------------------------------
+
+def _run_stub_scheduler(config, ack_queue, parent_pid: int, stage: str, step_s: float) -> None:
+    """The stage's scheduler process entry, with the engine's forward replaced by an instant token source."""
+    import importlib
+
+    import torch
+
+    launch = importlib.import_module(f"{stage}.server.launch")
+    launch._worker_setup(parent_pid, True)
+    scheduler_mod = importlib.import_module(f"{stage}.scheduler")
+    engine_mod = importlib.import_module(f"{stage}.engine.engine")
+    record_event = importlib.import_module(f"{stage}.utils.device").record_event
+
+    with torch.inference_mode():
+        scheduler = scheduler_mod.Scheduler(config)
+        vocab = scheduler.engine.config.model_config.vocab_size
+
+        def forward_batch(batch, args):
+            if step_s:
+                time.sleep(step_s)
+            tokens = []
+            for req in batch.reqs:
+                req.complete_one()
+                tokens.append(100 + (req.uid * 7919 + req.device_len * 104729) % (vocab - 200))
+            t = torch.tensor(tokens, dtype=torch.int32)
+            return engine_mod.ForwardOutput(t, t, record_event(scheduler.device))
+
+        scheduler.engine.forward_batch = forward_batch
+        try:
+            ack_queue.put({"name": "scheduler", **scheduler.backend_info()})
+            scheduler.run_forever()
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            scheduler.shutdown()
+
+
+def serve(stage: str, argv: list[str], step_s: float) -> None:
+    """`python -m <stage>` with the stub scheduler: the launcher looks its scheduler entry up at start time."""
+    import functools
+    import importlib
+
+    launch = importlib.import_module(f"{stage}.server.launch")
+    launch._run_scheduler = functools.partial(_run_stub_scheduler, stage=stage, step_s=step_s)
+    launch.launch_server(argv=argv)
+
+
+# ---- client side ---------------------------------------------------------------------------------------------------
+
+def _cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds; for this process also its finished children (the client processes)."""
+    import psutil
+
+    out = {}
+    for pid in pids:
+        t = psutil.Process(pid).cpu_times()
+        out[pid] = t.user + t.system + (t.children_user + t.children_system if pid == os.getpid() else 0.0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench serve-path", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", default="stage4_fast", choices=["stage3_served", "stage4_fast"])
+    ap.add_argument("--model", default=str(ROOT / "models" / "tiny-qwen3"))
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=(100, 1024))
+    ap.add_argument("--step-ms", type=float, default=0.0, help="sleep per scheduler step (a GPU step's time)")
+    ap.add_argument("--server-args", default="", help="more flags for the server, e.g. '--page-size 16'")
+    ap.add_argument("--client-procs", type=int, default=1, help="client processes the burst is spread over")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
+    args, rest = ap.parse_known_args(argv)
+    if args.serve:
+        serve(args.stage, rest, args.step_ms / 1e3)
+        return 0
+
+    import httpx
+    import psutil
+
+    from .worker import _quantile, _run_burst, _run_clients
+    from .workloads import Workload
+
+    port = 20000 + os.getpid() % 20000
+    cmd = [sys.executable, "-m", "bench.serve_path", "--serve", "--stage", args.stage, "--step-ms", str(args.step_ms),
+           "--model", args.model, "--port", str(port), "--attention-backend", "triton",
+           *args.server_args.split()]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_path-{port}.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited with {proc.returncode} (log: {log.name})")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"server not ready (log: {log.name})")
+            time.sleep(0.3)
+        vocab = json.loads(Path(args.model, "config.json").read_text())["vocab_size"]
+        rng = random.Random(0)
+
+        def prompts(n: int) -> list[list[int]]:
+            return [[rng.randint(100, vocab - 100) for _ in range(rng.randint(*args.prompt_len))] for _ in range(n)]
+
+        asyncio.run(_run_clients(url, Workload("warm-up", prompts(4), [8] * 4), 4))
+        # the launcher (API server) starts the scheduler, then the tokenizer/detokenizer worker
+        workers = sorted((c for c in psutil.Process(proc.pid).children(recursive=True)
+                          if "resource_tracker" not in " ".join(c.cmdline())), key=lambda c: c.create_time())
+        names = {os.getpid(): "clients (httpx)", proc.pid: "api server"}
+        names.update(zip([c.pid for c in workers], ["scheduler", "detokenizer"]))
+        before = _cpu_seconds(list(names))
+        w = Workload("burst", prompts(args.requests), [args.output_len] * args.requests)
+        r = _run_burst(url, w, args.client_procs)
+        after = _cpu_seconds(list(names))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    tokens = r["output_tokens"]
+    res = {"requests": args.requests, "output_len": args.output_len, "step_ms": args.step_ms,
+           "server_args": args.server_args, "seconds": r["seconds"], "output_tokens": tokens, "tok_s": r["tok_s"],
+           "chunks_per_token": r["chunks_per_token"], "wrong_lengths": r["wrong_lengths"],
+           "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),
+           "itl_p50_s": _quantile(r["itl_s"], 0.5), "itl_p99_s": _quantile(r["itl_s"], 0.99),
+           "cpu_us_per_token": {}}
+    for pid, t in after.items():
+        res["cpu_us_per_token"][names[pid]] = 1e6 * (t - before[pid]) / max(tokens, 1)
+    print(f"{args.requests} streams x {args.output_len} tokens: {tokens:,} tokens in {r['seconds']:.2f} s = "
+          f"{r['tok_s']:,.0f} tok/s; chunks/token {r['chunks_per_token']:.2f}; TTFT p50/p99 "
+          f"{res['ttft_p50_s'] * 1e3:.0f}/{res['ttft_p99_s'] * 1e3:.0f} ms; wrong lengths {r['wrong_lengths']}")
+    for label, us in res["cpu_us_per_token"].items():
+        print(f"   {label:28s} {us:7.1f} CPU µs per token")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
