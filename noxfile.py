@@ -1,6 +1,7 @@
 """Test sessions. They run in the current environment (``venv_backend="none"``): the README's install line sets it
 up once, so no session spends minutes reinstalling torch.
 
+    nox -s smoke         # about a minute: every stage against HF on one prompt, one request through stage4's server
     nox -s stage2        # stage2's own tests + the shared HF-alignment suite for stage2
     nox -s tests         # every stage, one pytest run (models prepared once)
     nox -s lint          # ruff, stage isolation, repository hygiene
@@ -23,7 +24,7 @@ nox.options.sessions = ["lint", "tests"]
 STAGES = ["stage0_tiny", "stage1_correct", "stage2_scheduled", "stage3_served", "stage4_fast"]
 # the GPU subset (each skips without CUDA) and the models it uses; tools/gpu_check.sh runs the same without nox
 GPU_TESTS = ["stage4_fast/tests/test_gpu.py", "stage4_fast/tests/test_fused_kernels.py"]
-GPU_MODELS = [["tiny-qwen3"], ["tiny-qwen3-moe"], ["qwen3-0.6b-shape", "--device", "cuda"]]
+GPU_MODELS = [["tiny-qwen3"], ["tiny-qwen3-moe"], ["tiny-qwen3-moe-dense"], ["qwen3-0.6b-shape", "--device", "cuda"]]
 # NVLink multicast (NVLS) off, as in the recorded GPU results: on shared or virtualised multi-GPU hosts it can take
 # the GPUs out of service, and the all-reduces of 2 GPUs do not need it
 NO_NVLS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -51,6 +52,14 @@ def tests(session: nox.Session) -> None:
     """All stages' tests and the shared suite for every stage, in one pytest run."""
     paths = [str(Path(s) / "tests") for s in STAGES if (Path(s) / "tests").is_dir()]
     session.run("python", "-m", "pytest", *paths, "shared_tests", "tools/tests", *session.posargs)
+
+
+@nox.session
+def smoke(session: nox.Session) -> None:
+    """A quick check of an install: each stage's HF alignment on one prompt, and stage4's server end to end."""
+    session.run("python", "-m", "pytest", "shared_tests", "-q", "-k",
+                "test_single_prompt_matches_hf and tiny-qwen3-short or test_server_end_to_end and stage4_fast",
+                *session.posargs)
 
 
 @nox.session

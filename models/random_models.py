@@ -74,6 +74,17 @@ RANDOM_MODELS: dict[str, RandomModelSpec] = {
              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False),
         seed=4,
     ),
+    "tiny-qwen3-moe-dense": RandomModelSpec(
+        "Qwen3-MoE with dense layers (decoder_sparse_step 2, mlp_only_layers [3]: layer 1 sparse), 4 layers, hidden 64",
+        "Qwen3MoeForCausalLM",
+        # HF's rule: layer i is sparse iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, so
+        # layers 0 and 2 are dense by the step, layer 3 by the list (the step alone would make it sparse)
+        dict({k: v for k, v in _TINY_COMMON.items() if k != "num_hidden_layers"}, model_type="qwen3_moe",
+             num_hidden_layers=4, rope_theta=1_000_000.0, tie_word_embeddings=False, attention_bias=False,
+             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+             decoder_sparse_step=2, mlp_only_layers=[3], output_router_logits=False),
+        seed=5,
+    ),
     "tiny-qwen3.5": RandomModelSpec(
         "Qwen3.5 hybrid (gated DeltaNet linear attention + gated full attention, partial RoPE), 4 layers, hidden 64",
         "Qwen3_5ForCausalLM",

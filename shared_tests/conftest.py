@@ -13,7 +13,9 @@ from .stages import REPO, STAGES
 
 sys.path.insert(0, str(REPO))
 
-MODEL_NAMES = ["smollm2", "tiny-qwen3", "tiny-qwen2.5", "tiny-llama3", "tiny-qwen3-moe", "tiny-qwen3.5"]
+MODEL_NAMES = [
+    "smollm2", "tiny-qwen3", "tiny-qwen2.5", "tiny-llama3", "tiny-qwen3-moe", "tiny-qwen3-moe-dense", "tiny-qwen3.5",
+]
 
 SHORT_PROMPT = "The capital of France is"
 LONG_PROMPT = (

@@ -19,8 +19,6 @@ from .conftest import (
 )
 from .stages import require
 
-DENSE = [m for m in MODEL_NAMES if m != "tiny-qwen3-moe"]
-
 
 def _check(stage_out: list[list[int]], ref: list[list[int]]) -> None:
     assert len(stage_out) == len(ref)
@@ -106,7 +104,7 @@ def test_many_requests_small_pool_match_hf(stage, model, model_dirs):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-moe-dense"])
 def test_tensor_parallel_matches_hf(stage, model, tp, model_dirs):
     d = model_dirs[model]
     h = require(stage, d, {"tp": tp}, ("batch",))

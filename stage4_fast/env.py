@@ -39,11 +39,12 @@ class _Env:
     CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
     # the fused Triton element-wise kernels of 16-bit GPU forwards (kernel/triton_fused.py), off for A/B measurements
     DISABLE_FUSED_KERNELS = EnvVar("DISABLE_FUSED_KERNELS", False, _parse_bool)
-    # sampling of the interactive shell (`--shell`)
-    SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 2048, int)
+    # sampling of the interactive shell (`--shell`). Upstream's defaults (temperature 0.6, 2048 tokens) make a small
+    # model ramble for half a minute; greedy and 256 tokens answer briefly and the same way each time
+    SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 256, int)
     SHELL_TOP_K = EnvVar("SHELL_TOP_K", -1, int)
     SHELL_TOP_P = EnvVar("SHELL_TOP_P", 1.0, float)
-    SHELL_TEMPERATURE = EnvVar("SHELL_TEMPERATURE", 0.6, float)
+    SHELL_TEMPERATURE = EnvVar("SHELL_TEMPERATURE", 0.0, float)
 
 
 ENV = _Env()

@@ -82,7 +82,7 @@ PY
 
 make_models() {
   # the tiny models are seeded on the CPU, so they equal the ones the CPU tests use (as in noxfile.py's GPU_MODELS)
-  for m in tiny-qwen3 tiny-qwen3-moe; do python3 -m models make "$m" || return 1; done
+  for m in tiny-qwen3 tiny-qwen3-moe tiny-qwen3-moe-dense; do python3 -m models make "$m" || return 1; done
   [[ -f models/qwen3-0.6b-shape/config.json ]] || python3 -m models make qwen3-0.6b-shape --device cuda
 }
 

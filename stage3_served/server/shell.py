@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from typing import TYPE_CHECKING, Dict, List
+import sys
+import termios  # the shell is POSIX-only (its SIGINT handling needs loop.add_signal_handler too)
+from typing import TYPE_CHECKING, Dict, Iterator, List
 
 from ..core import SamplingParams
 from ..env import ENV
@@ -13,13 +16,15 @@ from .frontend import BackendUnavailable, FrontendManager, RequestRejected
 from .stream import generate_deltas
 
 if TYPE_CHECKING:
+    from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+
     from .launch import WorkerSet
 
-HELP = "/reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C quits (also while the model is answering)"
+HELP = "Ctrl-C stops an answer; /reset clears the conversation; /exit, or Ctrl-C or Ctrl-D at an empty prompt, quits"
 
 
 def _shell_sampling_params(max_seq_len: int) -> SamplingParams:
-    return SamplingParams(  # upstream's MINISGL_SHELL_* variables and defaults
+    return SamplingParams(  # upstream's MINISGL_SHELL_* variables; our defaults answer briefly (see env.py)
         temperature=ENV.SHELL_TEMPERATURE.value,
         top_k=ENV.SHELL_TOP_K.value,
         top_p=ENV.SHELL_TOP_P.value,
@@ -33,6 +38,41 @@ async def _print_answer(frontend: FrontendManager, messages: List[Dict[str, str]
     async for delta in generate_deltas(frontend, messages, params, []):
         print(delta.text, end="", flush=True)
         answer.append(delta.text)
+
+
+@contextlib.contextmanager
+def _keys_not_echoed() -> Iterator[None]:
+    """While an answer streams the terminal is in its normal mode, which echoes what is typed into the answer. Turn
+    echo off meanwhile: the keys wait in the terminal's input and show in the next prompt (type-ahead); Ctrl-C still
+    signals."""
+    if not sys.stdin.isatty():
+        yield
+        return
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO  # lflag
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW, not TCSAFLUSH: keep what was typed ahead
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def _prompt_key_bindings() -> KeyBindings:
+    from prompt_toolkit.key_binding import KeyBindings  # lazily, like the session: the server never needs it
+
+    bindings = KeyBindings()
+
+    @bindings.add("c-c")
+    def _(event: KeyPressEvent) -> None:
+        """Ctrl-C at the prompt clears the line; at an empty prompt it quits (as Ctrl-D does)."""
+        if event.app.current_buffer.text:
+            event.app.current_buffer.reset()
+        else:
+            event.app.exit(exception=KeyboardInterrupt())
+
+    return bindings
 
 
 def run_shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
@@ -53,40 +93,42 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
     workers.watch(on_death)
     params = _shell_sampling_params(info["max_seq_len"])
     history: List[Dict[str, str]] = []
-    session: PromptSession[str] = PromptSession()
-    # Ctrl-C quits, whenever it comes. At the prompt (raw mode) prompt_toolkit reads it as a key and raises
-    # KeyboardInterrupt. Otherwise the terminal sends SIGINT, handled here rather than by asyncio.run's
-    # cancel-the-main-task, which a prompt opening or closing could swallow (the shell then kept running). The
-    # handler cancels the answer being streamed, or ends a prompt that is opening or closing, and leaves a flag the
-    # loop checks.
-    interrupted = asyncio.Event()
+    session: PromptSession[str] = PromptSession(key_bindings=_prompt_key_bindings())
+    # Ctrl-C stops the answer being streamed; at an empty prompt it quits. At the prompt (raw mode) prompt_toolkit
+    # reads it as a key (see _prompt_key_bindings). Otherwise the terminal sends SIGINT, handled here rather than by
+    # asyncio.run's cancel-the-main-task: while an answer streams it cancels that answer (the request is aborted on
+    # the way out); between answers it leaves a flag the loop checks and ends a prompt that is opening.
+    ctrl_c = asyncio.Event()
     streaming: List[asyncio.Task] = []
 
     def end_prompt() -> None:
-        if interrupted.is_set() and session.app.is_running:
+        if ctrl_c.is_set() and session.app.is_running:
             try:
                 session.app.exit(exception=KeyboardInterrupt())
             except Exception:  # the prompt is already returning a line: the loop sees the flag next
                 pass
 
     def on_sigint() -> None:
-        interrupted.set()
-        for task in streaming:
-            task.cancel()
+        if streaming:  # (an answer that has just ended swallows it: a late Ctrl-C does not quit the shell)
+            streaming[0].cancel()
+            return
+        ctrl_c.set()
         end_prompt()
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     print(f"mini-sglang shell — {config.served_model_name}\n{HELP}", flush=True)
     try:
-        while not died and not interrupted.is_set():
+        while not died:
             try:
                 # handle_sigint=False: prompt_toolkit would otherwise swap its own SIGINT handler in and out, and
                 # removing it would remove ours
                 line = (await session.prompt_async("> ", pre_run=end_prompt, handle_sigint=False)).strip()
             except (EOFError, KeyboardInterrupt):
                 break
-            if interrupted.is_set():
-                break
+            if ctrl_c.is_set():  # Ctrl-C after Enter, before the answer began: that answer is not started
+                ctrl_c.clear()
+                print("[stopped]", flush=True)
+                continue
             if not line:
                 continue
             if line in ("/exit", "/quit"):
@@ -99,10 +141,12 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
             answer: List[str] = []
             streaming.append(asyncio.ensure_future(_print_answer(frontend, list(history), params, answer)))
             try:
-                await streaming[0]
+                with _keys_not_echoed():
+                    await streaming[0]
             except asyncio.CancelledError:  # Ctrl-C while answering: the request was aborted on the way out
-                print(flush=True)
-                break
+                history.pop()  # the question goes with its cut answer
+                print("\n[stopped]", flush=True)
+                continue
             except (RequestRejected, BackendUnavailable) as e:
                 history.pop()
                 print(f"\n[error] {e}", flush=True)

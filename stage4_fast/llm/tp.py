@@ -1,12 +1,19 @@
 """Tensor parallelism for the offline `LLM`: this process is rank 0; ranks 1..tp-1 are scheduler processes of
 their own, started here, which take every step's messages from rank 0's broadcast exactly as under the server
-(`scheduler/io.py`). They stop when rank 0 broadcasts an `ExitMsg` (`LLM.shutdown`)."""
+(`scheduler/io.py`). They stop when rank 0 broadcasts an `ExitMsg` (`LLM.shutdown`).
+
+The ranks start with multiprocessing's "spawn", which re-imports the main script in each new process. A script that
+creates the `LLM` outside `if __name__ == "__main__":` therefore kills its own ranks during that re-import, and rank 0
+would wait out the process-group timeout; each rank reports back once it is running, so such a start fails at once.
+"""
 
 from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import multiprocessing.connection
 import os
+import time
 from dataclasses import replace
 from typing import Any, List
 
@@ -24,7 +31,13 @@ def tp_config_fields(tp: int) -> dict:
                 _unique_suffix=f".pid={os.getpid()}.llm{next(_counter)}")
 
 
-def _follower(config: Any) -> None:
+class RankDied(RuntimeError):
+    pass
+
+
+def _follower(config: Any, started: mp.connection.Connection) -> None:
+    started.send(os.getpid())  # we got past the re-import of the main script
+    started.close()
     import torch
 
     from ..scheduler import Scheduler
@@ -43,14 +56,42 @@ def start_followers(config: Any) -> List[mp.process.BaseProcess]:
     """Ranks 1..tp-1 (normal-mode schedulers reading rank 0's broadcast); start them before rank 0's engine: the
     ranks build their engines together (the process group forms during construction)."""
     ctx = mp.get_context("spawn")
-    procs = []
+    procs, pipes = [], []
     size = config.tp_info.size
     for rank in range(1, size):
         rank_config = replace(config, tp_info=DistributedInfo(rank, size), offline_mode=False)
-        proc = ctx.Process(target=_follower, args=(rank_config,), name=f"llm-TP{rank}", daemon=True)
+        started_recv, started_send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_follower, args=(rank_config, started_send), name=f"llm-TP{rank}", daemon=True)
         proc.start()
+        started_send.close()  # the child holds its own copy; ours would keep the pipe open after the child died
         procs.append(proc)
+        pipes.append(started_recv)
+    try:
+        _wait_started(procs, pipes, config.distributed_timeout)
+    except RankDied:
+        join_followers(procs, timeout_s=1.0)
+        raise
     return procs
+
+
+def _wait_started(procs: List[mp.process.BaseProcess], pipes: List[mp.connection.Connection],
+                  timeout_s: float) -> None:
+    """Wait until every rank runs its target; a rank that exits first fails the start now, not after the process
+    group's timeout. (A rank still importing after timeout_s is left to the process group's own timeout.)"""
+    deadline = time.monotonic() + timeout_s
+    for rank, (proc, pipe) in enumerate(zip(procs, pipes), start=1):
+        with pipe:
+            # readable means a message, or end-of-file once the rank exited (it held the only write end)
+            if not mp.connection.wait([pipe], timeout=max(0.0, deadline - time.monotonic())):
+                return
+            try:
+                pipe.recv()
+            except EOFError:
+                proc.join(1.0)
+                raise RankDied(
+                    f"TP rank {rank} exited with code {proc.exitcode} before it started (its error is printed "
+                    "above). The ranks are spawned processes that re-import the main script: a script must "
+                    'create LLM(..., tp=...) under `if __name__ == "__main__":`.') from None
 
 
 def join_followers(procs: List[mp.process.BaseProcess], timeout_s: float = 60.0) -> None:

@@ -55,6 +55,8 @@ class ModelConfig:
     model_type: str
     architectures: List[str]
     linear_attn: LinearAttnConfig | None = None  # hybrid models (Qwen3.5): which layers are linear attention
+    mlp_only_layers: Tuple[int, ...] = ()  # MoE models: layers with a dense MLP (see is_sparse_layer)
+    decoder_sparse_step: int = 1
 
     @property
     def num_kv_layers(self) -> int:
@@ -64,6 +66,13 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return "moe" in self.model_type
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether the layer's MLP is the sparse MoE block, by HF's rule (`Qwen3MoeDecoderLayer`): not listed in
+        `mlp_only_layers`, and every `decoder_sparse_step`-th layer counting from 1. The others are dense MLPs of
+        `intermediate_size`."""
+        return (self.is_moe and self.num_experts > 0 and layer_id not in self.mlp_only_layers
+                and (layer_id + 1) % self.decoder_sparse_step == 0)
 
     @classmethod
     def from_hf(cls, config: Any) -> ModelConfig:
@@ -99,6 +108,8 @@ class ModelConfig:
             model_type=cfg.get("model_type", "llama"),
             architectures=list(cfg.get("architectures") or ["LlamaForCausalLM"]),
             linear_attn=LinearAttnConfig.from_hf(cfg),
+            mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+            decoder_sparse_step=cfg.get("decoder_sparse_step") or 1,
         )
 
 

@@ -1,5 +1,6 @@
 """One pre-norm decoder skeleton for Llama, Qwen2, Qwen3 and Qwen3-MoE; they differ only in the attention block's
-options and, for MoE models, a sparse MLP on every layer (like upstream, no dense/sparse interleaving).
+options and, for MoE models, a sparse MLP on the layers HF makes sparse (`ModelConfig.is_sparse_layer`; upstream
+puts one on every layer and cannot load a model with dense layers).
 
 Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj), e.g.
 `model.layers.3.self_attn.qkv_proj.weight`.
@@ -21,7 +22,7 @@ from .utils import GatedMLP, MoEMLP, RopeAttn
 class DecoderLayer(BaseOP):
     def __init__(self, config: ModelConfig, layer_id: int, *, has_attn_bias: bool, has_qk_norm: bool):
         self.self_attn = RopeAttn(config, layer_id, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
-        self.mlp = MoEMLP(config) if config.is_moe else GatedMLP(config)
+        self.mlp = MoEMLP(config) if config.is_sparse_layer(layer_id) else GatedMLP(config)
         self.input_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
 

@@ -62,9 +62,10 @@ def test_graph_capture_reads_no_unwritten_kv(qwen3, backend, monkeypatch, fake_f
         engine.shutdown()
 
 
-def test_fused_moe_backend_matches_hf():
+@pytest.mark.parametrize("model", ["tiny-qwen3-moe", "tiny-qwen3-moe-dense"])
+def test_fused_moe_backend_matches_hf(model):
     pytest.importorskip("triton", reason="the fused MoE kernel needs the triton package")
-    moe = prepared_model("tiny-qwen3-moe")
+    moe = prepared_model(model)
     prompts = [[1, 2, 3, 4, 5], [9, 8]]
     assert llm_generate(moe, prompts, 4, moe_backend="fused", cuda_graph_max_bs=2) == hf_generate(moe, prompts, 4)
 

@@ -120,7 +120,7 @@ def test_backend_metadata_paths_on_gpu(backend, page_size):
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graph", "eager"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-moe-dense"])
 def test_fp32_engine_matches_hf_on_gpu(model, backend, graphs):
     path = prepared_model(model)
     # the torch backend cannot be captured: with it the engine turns graphs off by itself

@@ -115,34 +115,80 @@ def _own_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-def test_shell_in_a_terminal(tiny_dir):
-    """Type into `--shell` through a pty: it answers, /reset works, Ctrl-C while it answers exits cleanly (the
-    request is aborted) with no worker left."""
+@pytest.fixture
+def shell(tiny_dir):
+    """`--shell` on tiny Qwen3 in a pty of its own: (process, the pty's master end). Answers are long (the random
+    model rarely says EOS within 1000 tokens), so a Ctrl-C sent once the answer shows still finds it streaming."""
     repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo), MINISGL_SHELL_MAX_TOKENS="300", MINISGL_SHELL_TEMPERATURE="0",
-               TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+    env = dict(os.environ, PYTHONPATH=str(repo), MINISGL_SHELL_MAX_TOKENS="1000", TERM="xterm",
+               PROMPT_TOOLKIT_NO_CPR="1")
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "stage4_fast", "--model", str(tiny_dir), "--shell"],
                             cwd=repo, env=env, stdin=slave, stdout=slave, stderr=slave, preexec_fn=_own_terminal)
     os.close(slave)
     try:
-        _read_until(master, r"Ctrl-C quits", 180)  # the banner: every worker is up
-        workers = _workers(proc.pid)
-        # typed ahead: /reset is read only after the whole answer has streamed out
-        os.write(master, b"hello there\r/reset\r")
-        transcript = _read_until(master, r"conversation cleared", 120)
-        answer = transcript.rsplit("hello there", 1)[1].split("> /reset", 1)[0]  # after the prompt's own echo
-        assert len(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x1f>]", "", answer).strip()) > 20  # text came back
-        os.write(master, b"tell me more\r")
-        # Wait for visible answer text: the shell prints it only after the prompt has handed the terminal back
-        # (ISIG on). A Ctrl-C sent while the prompt was still finishing (only its escape sequences out) went to the
-        # prompt as a key and was dropped, and the shell then never saw it (a flake this wait removes).
-        _read_until(master, r"tell me more[\r\n]+\s*\S{3}", 60, visible=True)
-        os.write(master, b"\x03")  # Ctrl-C while it streams
-        _read_until(master, r"bye", 30)
-        assert proc.wait(30) == 0
-        assert _all_gone(workers, 15) == []
+        # the banner (every worker is up), then the first prompt: drawn once the terminal is in raw mode
+        _read_until(master, r"at an empty prompt, quits[\r\n]+>", 180, visible=True)
+        yield proc, master
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         os.close(master)
+
+
+def _ask(master: int, question: str) -> str:
+    """Type a question and wait for visible answer text. The shell prints it only after the prompt has handed the
+    terminal back (ISIG on, echo off): a key sent while the prompt was still finishing (only its escape sequences
+    out) would go to the prompt instead."""
+    os.write(master, question.encode() + b"\r")
+    return _read_until(master, re.escape(question) + r"[\r\n]+\s*\S{3}", 120, visible=True)
+
+
+def test_shell_in_a_terminal(shell):
+    """Type into `--shell` through a pty: Ctrl-C stops an answer and the shell goes on; text typed during an answer
+    is not echoed into it; /reset works; Ctrl-C clears a typed line, and at the empty prompt quits cleanly with no
+    worker left."""
+    proc, master = shell
+    workers = _workers(proc.pid)
+    _ask(master, "hello there")
+    # keys typed now are not echoed into the answer (termios on a pty's master end reads the terminal's settings;
+    # the echo itself cannot be waited for: a Ctrl-C right after the keys discards their pending echo)
+    assert not termios.tcgetattr(master)[3] & termios.ECHO
+    os.write(master, b"\x03")  # Ctrl-C while it streams
+    _read_until(master, r"\[stopped\][\r\n]+>", 60, visible=True)  # and a new prompt
+    _ask(master, "tell me more")  # the shell goes on
+    os.write(master, b"\x03")
+    # Each key below waits for the prompt drawn after the previous output: prompt_toolkit draws it once the terminal
+    # is in raw mode, where Ctrl-C is a key; before that it is SIGINT, which at a prompt that is opening quits.
+    _read_until(master, r"\[stopped\][\r\n]+>", 60, visible=True)
+    os.write(master, b"one two")
+    _read_until(master, r"one two", 30, visible=True)
+    os.write(master, b"\x03")  # clears the line: the shell is still there
+    os.write(master, b"/reset\r")
+    _read_until(master, r"conversation cleared\)[\r\n]+>", 30, visible=True)
+    os.write(master, b"\x03")  # at the empty prompt: quits
+    _read_until(master, r"bye", 30)
+    assert proc.wait(30) == 0
+    assert _all_gone(workers, 15) == []
+
+
+def test_shell_quits_on_ctrl_d_at_an_empty_prompt(shell):
+    proc, master = shell
+    os.write(master, b"\x04")
+    _read_until(master, r"bye", 30)
+    assert proc.wait(30) == 0
+
+
+def test_shell_defaults_answer_briefly(monkeypatch):
+    """Greedy and 256 tokens unless MINISGL_SHELL_* say otherwise (upstream's 0.6 and 2048 made a small model
+    ramble for half a minute)."""
+    from stage4_fast.server.shell import _shell_sampling_params
+
+    for name in ("MAX_TOKENS", "TEMPERATURE", "TOP_K", "TOP_P"):
+        monkeypatch.delenv(f"MINISGL_SHELL_{name}", raising=False)
+    params = _shell_sampling_params(max_seq_len=8192)
+    assert (params.temperature, params.top_k, params.top_p, params.max_tokens) == (0.0, -1, 1.0, 256)
+    monkeypatch.setenv("MINISGL_SHELL_MAX_TOKENS", "1000")
+    monkeypatch.setenv("MINISGL_SHELL_TEMPERATURE", "0.7")
+    params = _shell_sampling_params(max_seq_len=512)
+    assert (params.temperature, params.max_tokens) == (0.7, 512)  # capped by the context

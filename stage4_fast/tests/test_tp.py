@@ -5,6 +5,9 @@ one scheduler process per rank. (HF alignment of whole TP engines is the shared 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -12,7 +15,7 @@ import torch
 
 from stage4_fast.harness import server_process
 
-from .conftest import prepared_model
+from .conftest import REPO, prepared_model
 from .fast_helpers import hf_generate
 from .tp_workers import reference_layers, spawn, tp_layers
 
@@ -77,3 +80,21 @@ def test_offline_tp_that_does_not_split_the_heads_is_a_value_error():
 
     with pytest.raises(ValueError, match="tp=2: the model's 9 attention heads do not split evenly over 2 ranks"):
         LLM(str(prepared_model("smollm2")), tp=2)
+
+
+def test_offline_tp_in_a_script_without_the_main_guard_fails_at_once_naming_the_guard(tmp_path):
+    """The spawned rank re-imports the script, whose module-level LLM(tp=2) kills that rank; rank 0 must say so
+    instead of waiting out the process-group timeout (set far beyond the subprocess timeout here)."""
+    script = tmp_path / "offline_tp.py"
+    script.write_text(
+        "from stage4_fast import LLM, SamplingParams\n\n"
+        f"llm = LLM({str(prepared_model('tiny-qwen3'))!r}, tp=2, distributed_timeout=600)\n"
+        "print(llm.generate(['Hi'], SamplingParams(max_tokens=2))[0]['text'])\n"
+        "llm.shutdown()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert "TP rank 1 exited with code 1 before it started" in last_line
+    assert 'under `if __name__ == "__main__":`' in last_line
