@@ -30,6 +30,9 @@ class SamplingParams:
     # stage 3 (the API exposes them): a per-request sampling seed, and token ids that end the request like EOS
     seed: int | None = None
     stop_token_ids: List[int] = field(default_factory=list)
+    # the text leaves special tokens (<|im_end|>, <|endoftext|>, ...) out; vLLM's and SGLang's default (the token ids
+    # keep them)
+    skip_special_tokens: bool = True
 
     @property
     def is_greedy(self) -> bool:

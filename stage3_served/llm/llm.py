@@ -27,6 +27,7 @@ class RequestStatus:
     output_ids: List[int]
     error: str | None = None  # set when the scheduler rejected or aborted the request
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
 
 
 Prompt = str | Sequence[int]
@@ -63,7 +64,8 @@ class LLM(Scheduler):
             prompt, params = self.pending_requests.popleft()
             input_ids = self._tokenize_one(prompt)
             uid, self.counter = self.counter, self.counter + 1
-            self.status_map[uid] = RequestStatus(uid, input_ids.tolist(), [], ignore_eos=params.ignore_eos)
+            self.status_map[uid] = RequestStatus(uid, input_ids.tolist(), [], ignore_eos=params.ignore_eos,
+                                                 skip_special_tokens=params.skip_special_tokens)
             msgs.append(UserMsg(uid, input_ids, params))
             total_len += len(input_ids)
         return msgs
@@ -105,7 +107,8 @@ class LLM(Scheduler):
         for uid in range(len(prompts)):
             status = self.status_map[uid]
             result: Dict[str, str | List[int]] = {
-                "text": self.tokenizer.decode(status.output_ids) if self.tokenizer is not None else "",
+                "text": (self.tokenizer.decode(status.output_ids, skip_special_tokens=status.skip_special_tokens)
+                         if self.tokenizer is not None else ""),
                 "token_ids": status.output_ids,
             }
             if status.error is not None:

@@ -154,6 +154,7 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) 
         max_tokens=max_tokens if max_tokens is not None else max_seq_len,
         seed=req.seed,
         stop_token_ids=list(req.stop_token_ids or []),
+        skip_special_tokens=req.skip_special_tokens,
     )
 
 

@@ -82,7 +82,6 @@ NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
     "response_format": _NI(({"type": "text"},), "structured output"),
     "user": _NI((), "per-user tracking"),
     # vLLM / SGLang extras
-    "skip_special_tokens": _NI((False,), "hiding special tokens from the text"),
     "include_stop_str_in_output": _NI((False,), "keeping the stop string"),
     "regex": _NI((), "constrained decoding"),
     "json_schema": _NI((), "constrained decoding"),
@@ -179,6 +178,7 @@ class SamplingFields(_Strict):
     stop: str | List[str] | None = Field(None, description="the text is cut before the first occurrence")
     stop_token_ids: List[TokenId] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
+    skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
     stream: bool = False
     stream_options: StreamOptions | None = None
 

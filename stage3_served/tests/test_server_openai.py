@@ -3,6 +3,7 @@ usage is right, stop strings and stop token ids cut where they should, streaming
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import httpx
@@ -110,6 +111,33 @@ def test_streamed_chat_follows_the_openai_chunk_format(client, model_id, referen
     assert "".join(c.choices[0].delta.content or "" for c in body) == references["chat"]["text"]
     assert body[-1].choices[0].finish_reason == ("stop" if references["chat_eos"] else "length")
     assert all(c.choices[0].finish_reason is None for c in body[:-1])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+def test_special_tokens_are_hidden_unless_asked_for(client, model_id, references, chat_ids, tok, endpoint, stream):
+    """Told to ignore EOS, the model writes <|im_end|> after its answer: the text leaves it out by default, as vLLM's
+    and SGLang's (skip_special_tokens=true), and shows it with skip_special_tokens=false."""
+    assert references["chat_eos"]  # the answer ends in EOS, <|im_end|>
+    answer = references["chat"]["text"]
+    n = len(references["chat"]["token_ids"]) + 2  # the answer, <|im_end|> and one token more
+
+    def text(**extra) -> str:
+        body = {"ignore_eos": True, **extra}
+        if endpoint == "chat":
+            out = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=n, temperature=0,
+                                                 stream=stream, extra_body=body)
+            return "".join(c.choices[0].delta.content or "" for c in out) if stream else out.choices[0].message.content
+        out = client.completions.create(model=model_id, prompt=chat_ids, max_tokens=n, temperature=0, stream=stream,
+                                        extra_body=body)
+        return "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+
+    shown, hidden = text(skip_special_tokens=False), text()
+    assert shown.startswith(answer + "<|im_end|>")
+    specials = tok.convert_ids_to_tokens(list(tok.added_tokens_decoder))
+    assert hidden == functools.reduce(lambda s, special: s.replace(special, ""), specials, shown)
+    assert hidden.startswith(answer) and "<|" not in hidden
+    assert text(skip_special_tokens=True) == hidden
 
 
 def test_raw_sse_ends_with_done(server):

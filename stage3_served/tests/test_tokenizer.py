@@ -38,10 +38,12 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(smollm2())
 
 
-def _stream(ids: list[int], finish_reason: str = "length", uid: int = 1, mgr=None) -> list[UserReply]:
+def _stream(ids: list[int], finish_reason: str = "length", uid: int = 1, mgr=None,
+            skip_special_tokens: bool = True) -> list[UserReply]:
     mgr = mgr or DetokenizeManager(tokenizer())
     last = len(ids) - 1
-    return [mgr.detokenize_one(DetokenizeMsg(uid, t, i == last, finish_reason=finish_reason if i == last else ""))
+    return [mgr.detokenize_one(DetokenizeMsg(uid, t, i == last, finish_reason=finish_reason if i == last else "",
+                                             skip_special_tokens=skip_special_tokens))
             for i, t in enumerate(ids)]
 
 
@@ -101,10 +103,17 @@ def test_final_eos_is_counted_but_not_shown():
     assert replies[-1].completion_tokens == len(ids)
 
 
-def test_eos_inside_an_ignore_eos_request_is_text():
+@pytest.mark.parametrize("at_end", [False, True])
+def test_special_tokens_hidden_unless_the_request_keeps_them(at_end):
+    """Special tokens inside an (ignore_eos) request's output, or last in it: hidden by default (vLLM / SGLang's
+    skip_special_tokens=true), text with skip_special_tokens=false; the stream equals the whole decode either way."""
     tok = tokenizer()
-    ids = tok.encode("a") + [tok.eos_token_id] + tok.encode("b")
-    assert "".join(r.incremental_output for r in _stream(ids, finish_reason="length")) == tok.decode(ids)
+    specials = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])  # the latter is its EOS
+    ids = tok.encode("a") + specials + tok.encode(" b") + (specials if at_end else [])
+    kept = "".join(r.incremental_output for r in _stream(ids, skip_special_tokens=False))
+    hidden = "".join(r.incremental_output for r in _stream(ids, skip_special_tokens=True))
+    assert kept == tok.decode(ids) == "a<|endoftext|><|im_end|> b" + ("<|endoftext|><|im_end|>" if at_end else "")
+    assert hidden == tok.decode(ids, skip_special_tokens=True) == "a b"
 
 
 def test_length_cut_inside_a_character_flushes_what_decode_gives():

@@ -29,6 +29,7 @@ class DecodeStatus:
     completion_tokens: int = 0  # every generated token, the final EOS too (it is not part of the text)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    skip_special_tokens: bool = True  # as the request asked (SamplingParams)
 
 
 class DetokenizeManager:
@@ -49,6 +50,8 @@ class DetokenizeManager:
         status.cached_tokens = msg.cached_tokens or status.cached_tokens
         if msg.next_token >= 0:
             status.completion_tokens += 1
+            # (token messages carry the request's setting; an abort's or an error's carries the default)
+            status.skip_special_tokens = msg.skip_special_tokens
             # a request that stopped on EOS / a stop token does not show that token
             if not (msg.finished and msg.finish_reason == "stop"):
                 status.decoded_ids.append(msg.next_token)
@@ -69,12 +72,13 @@ class DetokenizeManager:
     def _advance(self, s: DecodeStatus, flush: bool) -> None:
         if s.read_offset == len(s.decoded_ids):
             return
-        prefix = self._decode(s.decoded_ids[s.surr_offset : s.read_offset])
-        text = self._decode(s.decoded_ids[s.surr_offset :])
+        prefix = self._decode(s.decoded_ids[s.surr_offset : s.read_offset], s.skip_special_tokens)
+        text = self._decode(s.decoded_ids[s.surr_offset :], s.skip_special_tokens)
         if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
             s.decoded_str += text[len(prefix) :]
             s.surr_offset = s.read_offset
             s.read_offset = len(s.decoded_ids)
 
-    def _decode(self, ids: List[int]) -> str:
-        return self.tokenizer.decode(ids) if ids else ""
+    def _decode(self, ids: List[int], skip_special_tokens: bool) -> str:
+        # a skipped special token adds no text: it is committed with the next token that does
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) if ids else ""

@@ -37,6 +37,9 @@ class DetokenizeMsg(BaseTokenizerMsg):
     finish_reason: str = ""  # on the last message: "stop" (EOS / a stop token), "length", "abort" or "error"
     prompt_tokens: int = 0  # on the first token's message: the prompt's length ...
     cached_tokens: int = 0  # ... and how much of it the prefix cache served
+    # the request's SamplingParams.skip_special_tokens, on every token's message (the detokenizer keeps no
+    # per-request settings of its own; SGLang's scheduler sends it along every step too)
+    skip_special_tokens: bool = True
 
 
 @dataclass

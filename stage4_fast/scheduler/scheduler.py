@@ -243,12 +243,12 @@ class Scheduler(SchedulerIOMixin):
             for i, (req, token) in enumerate(zip(batch.reqs, tokens_cpu.tolist())):
                 if isinstance(req, ChunkedReq) or self._is_stale(req):
                     continue
-                msg = DetokenizeMsg(req.uid, token, False)
+                params = req.sampling_params
+                msg = DetokenizeMsg(req.uid, token, False, skip_special_tokens=params.skip_special_tokens)
                 if batch.is_prefill:  # the request's first token: report what its prompt cost
                     msg.prompt_tokens = len(req.input_ids)
                     msg.cached_tokens = self._cached_prompt.pop(req.uid, 0)
                 req.append_host(token)
-                params = req.sampling_params
                 stopped = (token == self.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids
                 finished = stopped or length_finished[i]
                 if finished:

@@ -38,10 +38,12 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(smollm2())
 
 
-def _stream(ids: list[int], finish_reason: str = "length", uid: int = 1, mgr=None) -> list[UserReply]:
+def _stream(ids: list[int], finish_reason: str = "length", uid: int = 1, mgr=None,
+            skip_special_tokens: bool = True) -> list[UserReply]:
     mgr = mgr or DetokenizeManager(tokenizer())
     last = len(ids) - 1
-    return [mgr.detokenize_one(DetokenizeMsg(uid, t, i == last, finish_reason=finish_reason if i == last else ""))
+    return [mgr.detokenize_one(DetokenizeMsg(uid, t, i == last, finish_reason=finish_reason if i == last else "",
+                                             skip_special_tokens=skip_special_tokens))
             for i, t in enumerate(ids)]
 
 
@@ -97,16 +99,20 @@ def test_any_interleaving_of_requests_decodes_each_exactly(picks, seed):
        st.integers(min_value=0, max_value=2**31))
 def test_batches_decode_like_one_message_at_a_time(picks, seed):
     """The worker decodes what it drained from its queue in one go: one step's tokens of every request, or several
-    steps (a request then appears more than once). Same replies as message by message, in the same order."""
+    steps (a request then appears more than once). Same replies as message by message, in the same order, also when
+    some requests hide special tokens and others show them."""
     tok = tokenizer()
     rng = random.Random(seed)
-    ids = {uid: tok.encode(TEXTS[p]) for uid, p in enumerate(picks)}
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = {uid: tok.encode(TEXTS[p]) + [im_end] + tok.encode(" z") for uid, p in enumerate(picks)}
+    skip = {uid: rng.random() < 0.5 for uid in ids}
     msgs, pos = [], {uid: 0 for uid in ids}
     while pos:
         uid = rng.choice(sorted(pos))
         i = pos[uid]
         last = i == len(ids[uid]) - 1
-        msgs.append(DetokenizeMsg(uid, ids[uid][i], last, finish_reason="length" if last else ""))
+        msgs.append(DetokenizeMsg(uid, ids[uid][i], last, finish_reason="length" if last else "",
+                                  skip_special_tokens=skip[uid]))
         pos[uid] += 1
         if last:
             del pos[uid]
@@ -119,6 +125,8 @@ def test_batches_decode_like_one_message_at_a_time(picks, seed):
         start += size
     assert replies == [r for rs in expected for r in rs]
     assert batched.decode_map == {}
+    texts = {uid: "".join(r.incremental_output for r in replies if r.uid == uid) for uid in ids}
+    assert texts == {uid: tok.decode(v, skip_special_tokens=skip[uid]) for uid, v in ids.items()}
 
 
 def test_final_eos_is_counted_but_not_shown():
@@ -130,10 +138,17 @@ def test_final_eos_is_counted_but_not_shown():
     assert replies[-1].completion_tokens == len(ids)
 
 
-def test_eos_inside_an_ignore_eos_request_is_text():
+@pytest.mark.parametrize("at_end", [False, True])
+def test_special_tokens_hidden_unless_the_request_keeps_them(at_end):
+    """Special tokens inside an (ignore_eos) request's output, or last in it: hidden by default (vLLM / SGLang's
+    skip_special_tokens=true), text with skip_special_tokens=false; the stream equals the whole decode either way."""
     tok = tokenizer()
-    ids = tok.encode("a") + [tok.eos_token_id] + tok.encode("b")
-    assert "".join(r.incremental_output for r in _stream(ids, finish_reason="length")) == tok.decode(ids)
+    specials = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])  # the latter is its EOS
+    ids = tok.encode("a") + specials + tok.encode(" b") + (specials if at_end else [])
+    kept = "".join(r.incremental_output for r in _stream(ids, skip_special_tokens=False))
+    hidden = "".join(r.incremental_output for r in _stream(ids, skip_special_tokens=True))
+    assert kept == tok.decode(ids) == "a<|endoftext|><|im_end|> b" + ("<|endoftext|><|im_end|>" if at_end else "")
+    assert hidden == tok.decode(ids, skip_special_tokens=True) == "a b"
 
 
 def test_length_cut_inside_a_character_flushes_what_decode_gives():

@@ -10,7 +10,7 @@ the last token whatever remains is flushed, so the concatenated stream equals de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from transformers import PreTrainedTokenizerBase
 
@@ -29,15 +29,17 @@ class DecodeStatus:
     completion_tokens: int = 0  # every generated token, the final EOS too (it is not part of the text)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    skip_special_tokens: bool = True  # as the request asked (SamplingParams)
 
 
-def batch_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[List[List[int]]], List[str]]:
-    """Decode many id lists in one call: a fast tokenizer's Rust ``decode_batch`` when transformers' ``decode``
-    would add nothing to it (no clean-up of tokenization spaces), else ``decode`` per list."""
+def batch_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[List[List[int]], bool], List[str]]:
+    """Decode many id lists in one call, ``(seqs, skip_special_tokens) -> texts``: a fast tokenizer's Rust
+    ``decode_batch`` when transformers' ``decode`` would add nothing to it (no clean-up of tokenization spaces), else
+    ``decode`` per list."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if hasattr(backend, "decode_batch") and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return lambda seqs: backend.decode_batch(seqs, skip_special_tokens=False)
-    return lambda seqs: [tokenizer.decode(ids) for ids in seqs]
+        return lambda seqs, skip: backend.decode_batch(seqs, skip_special_tokens=skip)
+    return lambda seqs, skip: [tokenizer.decode(ids, skip_special_tokens=skip) for ids in seqs]
 
 
 class DetokenizeManager:
@@ -67,14 +69,12 @@ class DetokenizeManager:
         """Messages of distinct requests."""
         statuses = [self._record(msg) for msg in msgs]
         pending = [(s, msg.finished) for s, msg in zip(statuses, msgs) if s.read_offset < len(s.decoded_ids)]
-        windows = [s.decoded_ids[s.surr_offset : s.read_offset] for s, _ in pending]
-        windows += [s.decoded_ids[s.surr_offset :] for s, _ in pending]
-        texts = self._decode_batch(windows) if windows else []
-        for (s, flush), prefix, text in zip(pending, texts, texts[len(pending) :]):
-            if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
-                s.decoded_str += text[len(prefix) :]
-                s.surr_offset = s.read_offset
-                s.read_offset = len(s.decoded_ids)
+        # one tokenizer call per skip_special_tokens value present (usually one): requests that hide special tokens
+        # and requests that show them, each with its two windows
+        for skip in (True, False):
+            group = [(s, flush) for s, flush in pending if s.skip_special_tokens == skip]
+            if group:
+                self._commit(group, skip)
         replies = []
         for s, msg in zip(statuses, msgs):
             new_text = s.decoded_str[s.sent_offset :]
@@ -91,6 +91,19 @@ class DetokenizeManager:
             ))
         return replies
 
+    def _commit(self, pending: List[Tuple[DecodeStatus, bool]], skip_special_tokens: bool) -> None:
+        """Decode each request's window with and without its new tokens; commit the text they add unless it ends in
+        half a character (``flush``: the request's last message commits whatever there is). A skipped special
+        token adds no text: it is committed with the next token that does."""
+        windows = [s.decoded_ids[s.surr_offset : s.read_offset] for s, _ in pending]
+        windows += [s.decoded_ids[s.surr_offset :] for s, _ in pending]
+        texts = self._decode_batch(windows, skip_special_tokens)
+        for (s, flush), prefix, text in zip(pending, texts, texts[len(pending) :]):
+            if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
+                s.decoded_str += text[len(prefix) :]
+                s.surr_offset = s.read_offset
+                s.read_offset = len(s.decoded_ids)
+
     def _record(self, msg: DetokenizeMsg) -> DecodeStatus:
         if msg.finished:
             # the request ends here: forget it even if it was aborted or rejected before any token
@@ -101,6 +114,8 @@ class DetokenizeManager:
         status.cached_tokens = msg.cached_tokens or status.cached_tokens
         if msg.next_token >= 0:
             status.completion_tokens += 1
+            # (token messages carry the request's setting; an abort's or an error's carries the default)
+            status.skip_special_tokens = msg.skip_special_tokens
             # a request that stopped on EOS / a stop token does not show that token
             if not (msg.finished and msg.finish_reason == "stop"):
                 status.decoded_ids.append(msg.next_token)
