@@ -22,9 +22,6 @@ from .fast_helpers import hf_generate
 
 pytest.importorskip("sglang_router", reason="pip install sglang-router (the test extra installs it on Linux)")
 
-# The router fills in SGLang's defaults for what a request leaves out, skip_special_tokens: true among them; this
-# server does not hide special tokens, so clients say so (the router forwards what they send)
-KEEP_SPECIAL_TOKENS = {"skip_special_tokens": False}
 PROMPTS = ["The capital of France is", "One, two, three,", "Once upon a time", "def add(a, b):"]
 NEW_TOKENS = 8
 
@@ -84,18 +81,14 @@ def test_two_replicas_behind_sglang_router_equal_hf():
         for prompt in PROMPTS:  # the router parses the body itself: text prompts (it refuses token-id lists)
             resp = httpx.post(f"{url}/v1/completions", timeout=120, json={
                 "model": str(model), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
-                "ignore_eos": True, **KEEP_SPECIAL_TOKENS})
+                "ignore_eos": True})
             assert resp.status_code == 200, resp.text
             got.append(resp.json()["choices"][0]["text"])
         assert got == want
         assert [_served(r) for r in replicas] == [2, 2]  # round robin over both replicas
         # streaming passes through the router unchanged (server-sent events, [DONE] last)
         body = {"model": str(model), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-                "temperature": 0, "stream": True, **KEEP_SPECIAL_TOKENS}
+                "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as resp:
             events = [line for line in resp.iter_lines() if line.startswith("data: ")]
         assert resp.status_code == 200 and events[-1] == "data: [DONE]" and len(events) >= 3
-        # without it the router asks for SGLang's default, hiding special tokens, which the server refuses by name
-        body = {"model": str(model), "prompt": "hi", "max_tokens": 1}
-        resp = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
-        assert resp.status_code == 400 and resp.json()["error"]["param"] == "skip_special_tokens"
