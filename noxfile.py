@@ -4,7 +4,7 @@ up once, so no session spends minutes reinstalling torch.
     nox -s smoke         # about a minute: every stage against HF on one prompt, one request through stage4's server
     nox -s stage2        # stage2's own tests + the shared HF-alignment suite for stage2
     nox -s tests         # every stage, one pytest run (models prepared once)
-    nox -s lint          # ruff, stage isolation, repository hygiene
+    nox -s lint          # ruff, stage isolation, no drift between the stages' copies, repository hygiene
     nox -s reliability   # the servers' reliability/security tests (fuzzing, storm, load, auth, shutdown)
     nox -s gpu           # on a machine with an NVIDIA GPU: install the GPU extras, GPU tests, GPU benchmark
 """
@@ -73,6 +73,7 @@ def reliability(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("python", "tools/stages.py", "check")
+    session.run("python", "tools/stages.py", "drift")
     session.run("python", "tools/hygiene.py")
 
 

@@ -1,5 +1,6 @@
-"""stage3_served: stage1's engine driven by a scheduler — continuous batching, a radix prefix cache, chunked
-prefill, overlap scheduling — and the offline `LLM.generate` API, matching HF token for token."""
+"""stage3_served: stage2's scheduler behind an OpenAI-compatible HTTP server — API server, tokenizer/detokenizer and
+scheduler processes connected by ZMQ, streaming, abort on disconnect — matching HF token for token.
+Run it with `python -m stage3_served`."""
 
 from .core import Batch, Req, SamplingParams
 from .engine import Engine, EngineConfig, ManualBatcher

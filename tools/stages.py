@@ -1,15 +1,28 @@
-"""Stage hygiene.
+"""Stage hygiene, and the stages read as chapters.
 
-    python tools/stages.py check      # each stage imports only itself and third-party packages
-    python tools/stages.py diff N M   # what stage M changes relative to stage N (package names normalised)
+    python tools/stages.py check                  # each stage imports only itself and third-party packages
+    python tools/stages.py diff N M               # what stage M changes relative to stage N: a summary, then the diff
+    python tools/stages.py diff 3 4 --topic tp    # one topic of stage 4's chapter alone (topics: tools/chapters.toml)
+    python tools/stages.py diff N M --stat        # the summary only; --all adds tests and READMEs
+    python tools/stages.py topics [N]             # the chapters' topics; --write refreshes the READMEs' tables
+    python tools/stages.py drift                  # every change between adjacent stages belongs to its chapter
+
+Package names are normalised: stage N's name reads as stage M's.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import sys
+from collections import defaultdict
 from pathlib import Path
+from typing import List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chapters  # noqa: E402  (tools/ is not a package)
+from chapters import Chapter, FileDiff, StageError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_TOP_LEVEL = {"models", "bench", "tools", "shared_tests", "conftest", "noxfile"}
@@ -41,30 +54,128 @@ def check() -> list[str]:
     return problems
 
 
-def diff(a: int, b: int) -> str:
-    (da,), (db,) = [[p for p in REPO.glob(f"stage{i}_*")] for i in (a, b)]
-    out = []
-    files = sorted({p.relative_to(da) for p in da.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-                   | {p.relative_to(db) for p in db.rglob("*") if p.is_file() and "__pycache__" not in p.parts})
-    for rel in files:
-        fa, fb = da / rel, db / rel
-        ta = fa.read_text().replace(da.name, db.name).splitlines(keepends=True) if fa.exists() else []
-        tb = fb.read_text().splitlines(keepends=True) if fb.exists() else []
-        if ta != tb:
-            out += difflib.unified_diff(ta, tb, f"{da.name}/{rel}", f"{db.name}/{rel}")
+# -- diff ------------------------------------------------------------------------------------------------------------
+def _file_patch(fd: FileDiff, a_name: str, b_name: str, label: str = "") -> str:
+    """A unified diff of the file's hunks (fd.hunks may be a subset: then the previous stage's file with only those
+    applied is compared, which shows them with context and nothing else)."""
+    old, new = fd.old or [], fd.new or []
+    if fd.status == "M":
+        out, pos = [], 0
+        for hunk in fd.hunks:
+            (i1, i2), (j1, j2) = hunk.old_span, hunk.new_span
+            out += old[pos:i1] + new[j1:j2]
+            pos = i2
+        new = out + old[pos:]
+    a_label = f"{a_name}/{fd.path}" if fd.old is not None else "/dev/null"
+    b_label = f"{b_name}/{fd.path}{label}" if fd.new is not None else "/dev/null"
+    text = "".join(difflib.unified_diff(old, new, a_label, b_label))
+    return text if text.endswith("\n") or not text else text + "\n\\ No newline at end of file\n"
+
+
+def _summary(diffs: List[FileDiff], a_name: str, b_name: str, include: str, chapter: Chapter | None,
+             topic: str | None) -> str:
+    added = sum(fd.counts[0] for fd in diffs)
+    removed = sum(fd.counts[1] for fd in diffs)
+    scope = "tests and READMEs left out (--all shows them)" if include == "code" else "tests and READMEs included"
+    what = f"topic {topic!r}: " if topic else ""
+    lines = [f"{a_name} -> {b_name}: {what}{len(diffs)} files differ, +{added} -{removed} lines; {scope}"]
+    if chapter is not None and topic is None:
+        lines.append(f"  {'topic':<16} {'files':>5} {'+lines':>7} {'-lines':>7}  (diff ... --topic NAME)")
+        for t in chapter.topics.values():
+            files, plus, minus = set(), 0, 0
+            for fd in diffs:
+                for hunk in fd.hunks:
+                    if t.name in chapter.owners(hunk):
+                        files.add(fd.path)
+                        plus, minus = plus + len(hunk.added), minus + len(hunk.removed)
+            about = t.about if len(t.about) <= 70 else t.about[:69] + "…"
+            lines.append(f"  {t.name:<16} {len(files):>5} {plus:>7} {minus:>7}  {about}")
+    by_dir: dict[str, list[FileDiff]] = defaultdict(list)
+    for fd in diffs:
+        by_dir[fd.path.rsplit("/", 1)[0] + "/" if "/" in fd.path else "./"].append(fd)
+    lines.append(f"  {'folder':<18} {'+lines':>7} {'-lines':>7}  files (A new, D gone, M changed)")
+    for folder, fds in by_dir.items():
+        plus, minus = sum(fd.counts[0] for fd in fds), sum(fd.counts[1] for fd in fds)
+        names = " ".join(f"{fd.status}:{fd.path.rsplit('/', 1)[-1]}" for fd in fds)
+        names = names if len(names) <= 80 else names[:79] + "…"
+        lines.append(f"  {folder:<18} {plus:>7} {minus:>7}  {names}")
+    return "\n".join(lines) + "\n"
+
+
+def diff(a: int, b: int, topic: str | None = None, include: str = "code", stat: bool = False) -> str:
+    """The summary, then the unified diff (of one topic of b's chapter when topic is given)."""
+    da, db = chapters.stage_dir(REPO, a), chapters.stage_dir(REPO, b)
+    chapter = chapters.chapter_for(REPO, a, b) if topic or b == a + 1 else None
+    if topic:
+        chapter.topic(topic)
+    diffs = chapters.pair_diff(REPO, a, b, include)
+    if topic:
+        chosen = list(chapters.iter_topic_hunks(diffs, chapter, topic))
+        for fd, picked in chosen:
+            fd.hunks = [h for h, take in zip(fd.hunks, picked) if take]
+        diffs = [fd for fd, _ in chosen]
+    out = [_summary(diffs, da.name, db.name, include, chapter, topic)]
+    if not stat:
+        label = f" ({topic} only)" if topic else ""
+        out += ["\n"] + [_file_patch(fd, da.name, db.name, label) for fd in diffs]
     return "".join(out)
 
 
+def topics(stage: int | None) -> str:
+    chs = chapters.load_map(REPO)
+    if stage is not None:
+        chapters.stage_dir(REPO, stage)
+        if stage not in chs:
+            raise StageError(f"stage {stage} has no chapter in {chapters.MAP_NAME}")
+    out = []
+    for n, chapter in sorted(chs.items()):
+        if stage is None or n == stage:
+            out.append(f"stage {n} (diff {n - 1} {n} --topic NAME):")
+            out += [f"  {t.name:<16} {t.about}" for t in chapter.topics.values()]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["check"]:
-        problems = check()
-        print("\n".join(problems) or f"ok: {len(stage_dirs())} stages import only themselves")
+    parser = argparse.ArgumentParser(prog="python tools/stages.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("check", help="each stage imports only itself and third-party packages")
+    p_diff = sub.add_parser("diff", help="what stage M changes relative to stage N")
+    p_diff.add_argument("a", type=int, metavar="N")
+    p_diff.add_argument("b", type=int, metavar="M")
+    p_diff.add_argument("--topic", help="one topic of stage M's chapter (M = N + 1)")
+    p_diff.add_argument("--all", action="store_true", help="include tests and READMEs")
+    p_diff.add_argument("--stat", action="store_true", help="the summary only")
+    p_topics = sub.add_parser("topics", help="the chapters' topics")
+    p_topics.add_argument("stage", type=int, nargs="?")
+    p_topics.add_argument("--write", action="store_true", help="refresh the topic tables in the stage READMEs")
+    sub.add_parser("drift", help="every change between adjacent stages belongs to the later stage's chapter")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            problems = check()
+            print("\n".join(problems) or f"ok: {len(stage_dirs())} stages import only themselves")
+            return 1 if problems else 0
+        if args.command == "diff":
+            text = diff(args.a, args.b, args.topic, "all" if args.all else "code", args.stat)
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except BrokenPipeError:  # `| head`
+                sys.stdout = None
+            return 0
+        if args.command == "topics":
+            if args.write:
+                chapters.topic_table_problems(REPO, write=True)
+            sys.stdout.write(topics(args.stage))
+            return 0
+        problems = (chapters.drift(REPO) + chapters.unchanged_claim_problems(REPO)
+                    + chapters.topic_table_problems(REPO))
+        print("\n\n".join(problems) if problems else "ok: every change between adjacent stages is in its chapter")
         return 1 if problems else 0
-    if argv[:1] == ["diff"] and len(argv) == 3:
-        sys.stdout.write(diff(int(argv[1]), int(argv[2])))
-        return 0
-    print(__doc__)
-    return 2
+    except StageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -20,3 +20,188 @@ def test_cross_stage_import_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(stages_tool, "REPO", tmp_path)
     problems = stages_tool.check()
     assert len(problems) == 1 and "stage0_tiny" in problems[0]
+
+
+# -- chapters: the topic map, drift, diff ------------------------------------------------------------------------
+chapters = stages_tool.chapters
+REPO = Path(__file__).resolve().parents[2]
+
+ENGINE_V1 = '''"""The engine."""
+
+
+class Engine:
+    def __init__(self):
+        self.pages = 1
+
+    def step(self):
+        return self.pages
+
+    def close(self):
+        return None
+'''
+
+ENGINE_V2 = '''"""The engine."""
+from .kernels import fast
+
+
+class Engine:
+    def __init__(self):
+        self.pages = 1
+        self.tp = 2  # tp
+
+    def step(self):
+        return fast(self.pages)
+
+    def close(self):
+        return None
+'''
+
+
+def make_repo(root: Path, map_text: str, engine_v2: str = ENGINE_V2, readme2: str = "# stage1\n") -> Path:
+    (root / "tools").mkdir(parents=True, exist_ok=True)
+    (root / "tools" / "chapters.toml").write_text(map_text)
+    for name, files in {
+        "stage0_a": {"__init__.py": "", "engine.py": ENGINE_V1, "tests/test_engine.py": "x = 1\n",
+                     "README.md": "# stage0\n"},
+        "stage1_b": {"__init__.py": "", "engine.py": engine_v2, "kernels.py": "def fast(x):\n    return x\n",
+                     "tests/test_engine.py": "x = 2\n", "README.md": readme2},
+    }.items():
+        for rel, text in files.items():
+            (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / rel).write_text(text)
+    return root
+
+
+GOOD_MAP = """
+[stage1.kernels]
+about = "fast kernels"
+claims = ["kernels.py", "engine.py~fast"]
+
+[stage1.tp]
+about = "tensor parallelism"
+claims = ["engine.py~tp", "tests/*"]
+"""
+
+
+def test_repo_every_change_between_adjacent_stages_is_in_its_chapter():
+    """Every file that differs between adjacent stages (stage3 -> stage4 included) belongs to a topic, no selector of
+    tools/chapters.toml is stale, the READMEs' "unchanged" claims hold and their topic tables are current."""
+    problems = chapters.drift(REPO) + chapters.unchanged_claim_problems(REPO) + chapters.topic_table_problems(REPO)
+    assert problems == [], "\n\n".join(problems)
+
+
+def test_clean_map_has_no_drift(tmp_path):
+    assert chapters.drift(make_repo(tmp_path, GOOD_MAP)) == []
+
+
+def test_a_fix_in_one_copy_only_is_drift_and_the_message_says_what_to_add(tmp_path):
+    fixed = ENGINE_V2.replace("return None", "return self.pages  # fixed here only")
+    repo = make_repo(tmp_path, GOOD_MAP, engine_v2=fixed)
+    problems = chapters.drift(repo)
+    assert len(problems) == 1
+    assert "stage1_b/engine.py:14 (Engine.close)" in problems[0]
+    assert "in no topic of stage 1's chapter" in problems[0]
+    assert "stage0_a's copy and stage1_b's the same" in problems[0]
+    # the suggested selector, added as one line to a topic, makes the change part of the chapter
+    suggestion = problems[0].split("]:\n", 1)[1].splitlines()[0].strip().rstrip(",")
+    assert suggestion == "'engine.py~fixed'"
+    (repo / "tools" / "chapters.toml").write_text(GOOD_MAP.replace('"tests/*"]', f'"tests/*", {suggestion}]'))
+    assert chapters.drift(repo) == []
+
+
+def test_a_new_file_in_no_topic_names_the_line_to_add(tmp_path):
+    repo = make_repo(tmp_path, GOOD_MAP)
+    (repo / "stage1_b" / "fp8.py").write_text("SCALE = 1.0\n")
+    (problem,) = chapters.drift(repo)
+    assert problem.startswith("stage1_b/fp8.py:1 (module level)")
+    assert '"fp8.py",' in problem
+
+
+def test_a_stale_selector_is_reported(tmp_path):
+    problems = chapters.drift(make_repo(tmp_path, GOOD_MAP.replace('"kernels.py",', '"kernels.py", "gone.py",')))
+    assert problems == ["tools/chapters.toml [stage1.kernels]: 'gone.py' selects no change between stage0_a and "
+                        "stage1_b (stale: remove it or fix its path)"]
+
+
+def test_hunk_selectors_win_over_files_and_exact_paths_over_wildcards(tmp_path):
+    repo = make_repo(tmp_path, """
+[stage1.a]
+claims = ["*"]
+[stage1.b]
+claims = ["engine.py::Engine.step"]
+[stage1.c]
+claims = ["kernels.py"]
+""")
+    chapter = chapters.load_map(repo)[1]
+    owners = {(fd.path, h.new_span): chapter.owners(h) for fd in chapters.pair_diff(repo, 0, 1, "drift")
+              for h in fd.hunks}
+    assert owners[("engine.py", (1, 2))] == ["a"]  # the import: only the wildcard claims it
+    assert owners[("engine.py", (10, 11))] == ["b"]  # inside Engine.step
+    assert owners[("kernels.py", (0, 2))] == ["c"]
+    assert owners[("tests/test_engine.py", (0, 1))] == ["a"]
+
+
+def test_diff_of_one_topic_shows_its_hunks_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(stages_tool, "REPO", make_repo(tmp_path, GOOD_MAP))
+    text = stages_tool.diff(0, 1, topic="tp")
+    assert "+        self.tp = 2  # tp" in text and "fast" not in text.split("\n\n", 1)[1]
+    assert "tests and READMEs left out" in text and "test_engine" not in text
+    assert "x = 2" in stages_tool.diff(0, 1, topic="tp", include="all")
+    whole = stages_tool.diff(0, 1)
+    assert "fast(self.pages)" in whole and "self.tp = 2" in whole and "README.md" not in whole
+
+
+def test_diff_summary_comes_first_with_topics(tmp_path, monkeypatch):
+    monkeypatch.setattr(stages_tool, "REPO", make_repo(tmp_path, GOOD_MAP))
+    summary = stages_tool.diff(0, 1, stat=True)
+    assert summary.splitlines()[0] == ("stage0_a -> stage1_b: 2 files differ, +5 -1 lines; tests and READMEs left out "
+                                       "(--all shows them)")
+    assert any(line.split()[:2] == ["kernels", "2"] for line in summary.splitlines())
+    assert "---" not in summary
+
+
+def test_diff_of_a_stage_that_does_not_exist_is_a_clean_error(capsys):
+    assert stages_tool.main(["diff", "3", "9"]) == 2
+    assert capsys.readouterr().err == "error: no stage 9 (the stages are 0, 1, 2, 3, 4)\n"
+    assert stages_tool.main(["diff", "3", "4", "--topic", "nope"]) == 2
+    assert "has no topic 'nope' (topics: tp," in capsys.readouterr().err
+
+
+def test_readme_unchanged_claims_are_checked(tmp_path):
+    readme = "Unchanged from stage0 (byte for byte apart from the package name): `kernels.py`, `engine.py`.\n"
+    repo = make_repo(tmp_path, GOOD_MAP, readme2=readme)
+    problems = chapters.unchanged_claim_problems(repo)
+    assert problems == [
+        "stage1_b/README.md: says `kernels.py` is unchanged from stage0_a, which has no such path",
+        "stage1_b/README.md: says `engine.py` is unchanged from stage0_a, but engine.py differs",
+    ]
+    (repo / "stage1_b" / "README.md").write_text("Unchanged from stage0: `tests/`.\n")
+    assert chapters.unchanged_claim_problems(repo) == [
+        "stage1_b/README.md: says `tests/` is unchanged from stage0_a, but tests/test_engine.py differs"]
+
+
+def test_readme_topic_table_is_checked_and_written(tmp_path):
+    repo = make_repo(tmp_path, GOOD_MAP, readme2="# stage1\n\n<!-- topics -->\nold\n<!-- /topics -->\n")
+    assert chapters.topic_table_problems(repo) == [
+        "stage1_b/README.md: the topic table is not tools/chapters.toml's (run: python tools/stages.py topics --write)"]
+    assert chapters.topic_table_problems(repo, write=True) == []
+    assert chapters.topic_table_problems(repo) == []
+    text = (repo / "stage1_b" / "README.md").read_text()
+    assert "| `kernels` | fast kernels | `kernels.py` | `engine.py` |" in text
+
+
+def test_a_statement_added_next_to_a_chapter_change_is_a_hunk_of_its_own(tmp_path):
+    """Two flags added side by side: one is the chapter's, the other (say, another topic's new flag) is not."""
+    v2 = ENGINE_V2.replace("        self.tp = 2  # tp\n", "        self.tp = 2  # tp\n        self.kv_dtype = 'fp8'\n")
+    (problem,) = chapters.drift(make_repo(tmp_path, GOOD_MAP, engine_v2=v2))
+    assert problem.startswith("stage1_b/engine.py:9 (Engine.__init__)")
+    assert "'engine.py~kv_dtype'," in problem
+
+
+def test_a_moved_block_lands_on_whole_statements():
+    """`@property / def a / ... / @property / def b`: the inserted property is one hunk, not a cut through two."""
+    old = ["class C:\n", "    @property\n", "    def b(self):\n", "        return 2\n"]
+    new = ["class C:\n", "    @property\n", "    def a(self):\n", "        return 1\n", "\n",
+           "    @property\n", "    def b(self):\n", "        return 2\n"]
+    (hunk,) = chapters._hunks("c.py", old, new, whole_file=False)
+    assert hunk.added == new[1:5] and hunk.symbols == {"C.a"}
