@@ -7,13 +7,13 @@ A topic claims changes with three kinds of selector (paths are relative to the s
 folders):
 
 * ``"kernel/*"`` — whole files: every change in them, unless a hunk selector claims that hunk (and an exact path
-  wins over a wildcard);
+  wins over a wildcard). A wildcard selects only files new in this stage: a file the previous stage has is claimed
+  by its exact path or, better, hunk by hunk, so that a fix made in one copy only cannot hide in it;
 * ``"engine/engine.py::Engine._num_pages"`` — the hunks inside that class or function (or anything nested in it);
 * ``'server/args.py~--tp|tp_split_problem'`` — the hunks of that file with a changed line matching the regex.
 
 A hunk is one run of changed lines (no context). Hunk selectors win over whole-file ones, so a file shared by
-several topics can name one topic as its default owner and hand single hunks to others. Prefer hunk selectors for a
-file that existed in the previous stage: a whole-file claim there would also hide a fix made in one copy only.
+several topics can name one topic as its default owner and hand single hunks to others.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ class Hunk:
     added: List[str]
     symbols: frozenset  # owners of its changed lines ("" = module level), see line_owners
     new_symbols: frozenset  # the subset that does not exist in the previous stage's file
+    new_file: bool = False  # the file does not exist in the previous stage
 
     @property
     def changed(self) -> List[str]:
@@ -253,7 +254,7 @@ def _hunks(path: str, old: List[str], new: List[str], whole_file: bool) -> List[
             symbols = symbols or {""}
             new_symbols = {s for s in symbols if s and s not in known}
             hunks.append(Hunk(path, (a1, a2), (b1, b2), old[a1:a2], new[b1:b2], frozenset(symbols),
-                              frozenset(new_symbols)))
+                              frozenset(new_symbols), new_file=whole_file and not old))
     return hunks
 
 
@@ -318,7 +319,7 @@ class Claim:
             return any(s == self.symbol or s.startswith(self.symbol + ".") for s in hunk.symbols)
         if self.pattern:
             return any(re.search(self.pattern, line) for line in hunk.changed)
-        return True
+        return hunk.new_file or self.rank == "exact"
 
 
 @dataclass

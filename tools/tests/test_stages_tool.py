@@ -79,7 +79,7 @@ claims = ["kernels.py", "engine.py~fast"]
 
 [stage1.tp]
 about = "tensor parallelism"
-claims = ["engine.py~tp", "tests/*"]
+claims = ["engine.py~tp", "tests/test_engine.py"]
 """
 
 
@@ -105,7 +105,8 @@ def test_a_fix_in_one_copy_only_is_drift_and_the_message_says_what_to_add(tmp_pa
     # the suggested selector, added as one line to a topic, makes the change part of the chapter
     suggestion = problems[0].split("]:\n", 1)[1].splitlines()[0].strip().rstrip(",")
     assert suggestion == "'engine.py~fixed'"
-    (repo / "tools" / "chapters.toml").write_text(GOOD_MAP.replace('"tests/*"]', f'"tests/*", {suggestion}]'))
+    fixed_map = GOOD_MAP.replace('"tests/test_engine.py"]', f'"tests/test_engine.py", {suggestion}]')
+    (repo / "tools" / "chapters.toml").write_text(fixed_map)
     assert chapters.drift(repo) == []
 
 
@@ -126,7 +127,7 @@ def test_a_stale_selector_is_reported(tmp_path):
 def test_hunk_selectors_win_over_files_and_exact_paths_over_wildcards(tmp_path):
     repo = make_repo(tmp_path, """
 [stage1.a]
-claims = ["*"]
+claims = ["*", "engine.py"]
 [stage1.b]
 claims = ["engine.py::Engine.step"]
 [stage1.c]
@@ -135,10 +136,11 @@ claims = ["kernels.py"]
     chapter = chapters.load_map(repo)[1]
     owners = {(fd.path, h.new_span): chapter.owners(h) for fd in chapters.pair_diff(repo, 0, 1, "drift")
               for h in fd.hunks}
-    assert owners[("engine.py", (1, 2))] == ["a"]  # the import: only the wildcard claims it
+    assert owners[("engine.py", (1, 2))] == ["a"]  # the import: only the whole-file claim takes it
     assert owners[("engine.py", (10, 11))] == ["b"]  # inside Engine.step
-    assert owners[("kernels.py", (0, 2))] == ["c"]
-    assert owners[("tests/test_engine.py", (0, 1))] == ["a"]
+    assert owners[("kernels.py", (0, 2))] == ["c"]  # a new file: the exact path beats the wildcard
+    # a wildcard selects new files only: the test file exists in both stages, so its change is in no topic
+    assert owners[("tests/test_engine.py", (0, 1))] == []
 
 
 def test_diff_of_one_topic_shows_its_hunks_only(tmp_path, monkeypatch):
