@@ -403,13 +403,19 @@ def _suggest_claim(fd: FileDiff, hunk: Hunk) -> str:
 
 
 def _likely_topic(chapter: Chapter, path: str) -> str:
-    by_claims = {t.name: sum(c.covers_file(path) for c in t.claims) for t in chapter.topics.values()}
-    best = max(by_claims, key=lambda t: by_claims[t], default="TOPIC")
-    return best if by_claims.get(best) else "TOPIC"
+    """The topic that claims most of this file's hunks, else most of its folder's files."""
+    folder = path.rsplit("/", 1)[0] if "/" in path else ""
+
+    def score(topic: Topic) -> tuple:
+        same_folder = sum((c.glob.rsplit("/", 1)[0] if "/" in c.glob else "") == folder for c in topic.claims)
+        return sum(c.covers_file(path) for c in topic.claims), same_folder
+
+    best = max(chapter.topics.values(), key=score, default=None)
+    return best.name if best is not None and any(score(best)) else "TOPIC"
 
 
 def unclaimed_message(chapter: Chapter, prev: str, this: str, fd: FileDiff, hunk: Hunk) -> str:
-    where = ", ".join(sorted(s for s in hunk.symbols if s)) or "module level"
+    where = "a new file" if hunk.new_file else ", ".join(sorted(s for s in hunk.symbols if s)) or "module level"
     shown = [f"    -{line.rstrip()}" for line in hunk.removed[:3]]
     shown += [f"    +{line.rstrip()}" for line in hunk.added[:3]]
     more = len(hunk.changed) - len(shown)

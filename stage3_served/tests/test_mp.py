@@ -98,6 +98,22 @@ def test_upstream_pub_drops_what_it_sends_before_a_subscriber_joins():
         pub.stop()
 
 
+def test_wait_for_subscribers_returns_once_they_joined():
+    addr = _addr()
+    pub = ZmqPubQueue(addr, True, BaseBackendMsg.encoder)
+    subs = [ZmqSubQueue(addr, False, BaseBackendMsg.decoder) for _ in range(2)]
+    try:
+        for sub in subs:
+            sub.socket.setsockopt(zmq.RCVTIMEO, 5000)
+        pub.wait_for_subscribers(2, timeout_s=10)
+        assert pub.num_subscribers == 2
+        pub.put(AbortBackendMsg(1))  # sent after the handshake: every subscriber gets it
+        assert [_key(sub.get()) for sub in subs] == [("AbortBackendMsg", 1)] * 2
+    finally:
+        for queue in (pub, *subs):
+            queue.stop()
+
+
 def test_wait_for_subscribers_times_out_clearly():
     pub = ZmqPubQueue(_addr(), True, BaseBackendMsg.encoder)
     try:

@@ -114,7 +114,7 @@ def test_a_new_file_in_no_topic_names_the_line_to_add(tmp_path):
     repo = make_repo(tmp_path, GOOD_MAP)
     (repo / "stage1_b" / "fp8.py").write_text("SCALE = 1.0\n")
     (problem,) = chapters.drift(repo)
-    assert problem.startswith("stage1_b/fp8.py:1 (module level)")
+    assert problem.startswith("stage1_b/fp8.py:1 (a new file)")
     assert '"fp8.py",' in problem
 
 
