@@ -66,9 +66,13 @@ def is_test_or_readme(path: str) -> bool:
 
 
 def _read_lines(path: Path, rename: Tuple[str, str] | None = None) -> List[str]:
+    """The file's lines; with rename=(a, b) the package name a reads as b, except in a path to a's README (a
+    document the copies all point to, e.g. the stage that describes the upstream defects)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     if rename:
-        text = text.replace(*rename)
+        old, new = rename
+        keep = "\0readme\0"
+        text = text.replace(f"{old}/README", keep).replace(old, new).replace(keep, f"{old}/README")
     return text.splitlines(keepends=True)
 
 

@@ -98,9 +98,11 @@ def test_replies_stop_at_the_finished_one_and_abort_nothing():
 
     async def run() -> List[str]:
         fm.ack_map[7] = queue = asyncio.Queue()
-        for r in (reply(7, "a", False), reply(7, "b", True)):
-            queue.put_nowait(r)
-        return [r.incremental_output async for r in fm.replies(7)]
+        replies = fm.replies(7)
+        queue.put_nowait(reply(7, "a", False))
+        got = [(await replies.__anext__()).incremental_output]
+        queue.put_nowait(reply(7, "b", True))
+        return got + [r.incremental_output async for r in replies]
 
     assert asyncio.run(run()) == ["a", "b"]
     assert sent == [] and 7 not in fm.ack_map
