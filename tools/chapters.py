@@ -19,10 +19,13 @@ several topics can name one topic as its default owner and hand single hunks to 
 from __future__ import annotations
 
 import ast
+import builtins
 import difflib
 import fnmatch
+import keyword
 import re
 import subprocess
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
@@ -386,6 +389,13 @@ def chapter_for(repo: Path, a: int, b: int) -> Chapter:
 
 
 # -- drift ---------------------------------------------------------------------------------------------------------
+# words that say nothing about a hunk's topic: a selector built on one would claim unrelated hunks later
+_COMMON_WORDS = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | frozenset(typing.__all__) | {
+    "self", "torch", "Tensor", "import", "return", "assert", "result", "results", "value", "values", "args", "kwargs",
+    "none", "true", "false", "with", "from", "this", "that", "every", "each", "when", "then", "else", "only",
+    "typing", "dataclass", "dataclasses", "field", "annotations", "__future__"}
+
+
 def _escape(text: str) -> str:
     return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
 
@@ -397,7 +407,8 @@ def _suggest_claim(fd: FileDiff, hunk: Hunk) -> str:
     if hunk.new_symbols:
         return f'"{fd.path}::{min(hunk.new_symbols, key=len)}"'
     for lines, other in ((hunk.added, fd.old), (hunk.removed, fd.new or [])):
-        words = re.findall(r"--[a-z][a-z0-9-]+|[A-Za-z_][A-Za-z0-9_]{3,}", "".join(lines))
+        words = [w for w in re.findall(r"--[a-z][a-z0-9-]+|[A-Za-z_][A-Za-z0-9_]{3,}", "".join(lines))
+                 if w not in _COMMON_WORDS]
         other_text = "".join(other)
         fresh = [w for w in words if w not in other_text] or words
         if fresh:
@@ -418,6 +429,29 @@ def _likely_topic(chapter: Chapter, path: str) -> str:
     return best.name if best is not None and any(score(best)) else "TOPIC"
 
 
+def suggest_claims(repo: Path, stage: int) -> List[str]:
+    """Selectors that would claim every hunk of stage `stage`'s diff that no topic claims yet, one per new file or
+    new function and one regex per file for the rest: what to paste under a topic after merging a feature branch
+    (read them first: a fix made in one copy only belongs in both copies, not in the map)."""
+    chapter = chapter_for(repo, stage - 1, stage)
+    claims: List[str] = []
+    words: Dict[str, List[str]] = {}
+    for fd in pair_diff(repo, stage - 1, stage, include="drift"):
+        for hunk in fd.hunks:
+            if chapter.owners(hunk):
+                continue
+            claim = _suggest_claim(fd, hunk)
+            if "~" in claim:
+                pattern = claim.split("~", 1)[1].rstrip("'")
+                words.setdefault(fd.path, [])
+                if pattern not in words[fd.path]:
+                    words[fd.path].append(pattern)
+            elif claim not in claims:
+                claims.append(claim)
+    claims += [f"'{path}~{'|'.join(pats)}'" for path, pats in words.items()]
+    return claims
+
+
 def unclaimed_message(chapter: Chapter, prev: str, this: str, fd: FileDiff, hunk: Hunk) -> str:
     where = "a new file" if hunk.new_file else ", ".join(sorted(s for s in hunk.symbols if s)) or "module level"
     shown = [f"    -{line.rstrip()}" for line in hunk.removed[:3]]
@@ -430,6 +464,8 @@ def unclaimed_message(chapter: Chapter, prev: str, this: str, fd: FileDiff, hunk
         f"  part of the chapter? add to a topic's claims in {MAP_NAME}, e.g. under [stage{chapter.stage}."
         f"{_likely_topic(chapter, fd.path)}]:",
         f"      {_suggest_claim(fd, hunk)},",
+        f"  (after merging a feature: `python tools/stages.py drift --suggest {chapter.stage}` prints the lines for "
+        "all of its hunks)",
         f"  a fix? make {prev}'s copy and {this}'s the same (and every later stage's copy: fix forward).",
     ])
 

@@ -6,6 +6,7 @@
     python tools/stages.py diff N M --stat        # the summary only; --all adds tests and READMEs
     python tools/stages.py topics [N]             # the chapters' topics; --write refreshes the READMEs' tables
     python tools/stages.py drift                  # every change between adjacent stages belongs to its chapter
+    python tools/stages.py drift --suggest 4      # selectors for stage 4's unclaimed hunks (after a merge)
 
 Package names are normalised: stage N's name reads as stage M's.
 """
@@ -149,7 +150,9 @@ def main(argv: list[str]) -> int:
     p_topics = sub.add_parser("topics", help="the chapters' topics")
     p_topics.add_argument("stage", type=int, nargs="?")
     p_topics.add_argument("--write", action="store_true", help="refresh the topic tables in the stage READMEs")
-    sub.add_parser("drift", help="every change between adjacent stages belongs to the later stage's chapter")
+    p_drift = sub.add_parser("drift", help="every change between adjacent stages belongs to the later stage's chapter")
+    p_drift.add_argument("--suggest", type=int, metavar="N",
+                         help="print selectors that would claim stage N's unclaimed hunks (to paste under a topic)")
     args = parser.parse_args(argv)
     try:
         if args.command == "check":
@@ -168,6 +171,13 @@ def main(argv: list[str]) -> int:
             if args.write:
                 chapters.topic_table_problems(REPO, write=True)
             sys.stdout.write(topics(args.stage))
+            return 0
+        if args.suggest is not None:
+            lines = chapters.suggest_claims(REPO, args.suggest)
+            print(f"# {len(lines)} selector(s) for the unclaimed hunks of stage {args.suggest}: paste them into a "
+                  f"topic's claims in {chapters.MAP_NAME}\n# after reading them (a fix made in one copy only belongs "
+                  "in every copy, not in the map)")
+            print("\n".join(f"    {line}," for line in lines))
             return 0
         problems = (chapters.drift(REPO) + chapters.unchanged_claim_problems(REPO)
                     + chapters.topic_table_problems(REPO))

@@ -207,3 +207,14 @@ def test_a_moved_block_lands_on_whole_statements():
            "    @property\n", "    def b(self):\n", "        return 2\n"]
     (hunk,) = chapters._hunks("c.py", old, new, whole_file=False)
     assert hunk.added == new[1:5] and hunk.symbols == {"C.a"}
+
+
+def test_suggested_claims_cover_every_unclaimed_hunk(tmp_path):
+    v2 = ENGINE_V2.replace("        self.tp = 2  # tp\n", "        self.tp = 2  # tp\n        self.kv_dtype = 'fp8'\n")
+    repo = make_repo(tmp_path, GOOD_MAP, engine_v2=v2)
+    (repo / "stage1_b" / "fp8.py").write_text("SCALE = 1.0\n")
+    suggested = chapters.suggest_claims(repo, 1)
+    assert suggested == ['"fp8.py"', "'engine.py~kv_dtype'"]
+    fixed_map = GOOD_MAP + '\n[stage1.fp8-kv]\nclaims = [' + ", ".join(suggested) + "]\n"
+    (repo / "tools" / "chapters.toml").write_text(fixed_map)
+    assert chapters.drift(repo) == []
