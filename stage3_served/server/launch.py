@@ -237,8 +237,8 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
 
     from .api_server import BackendInfo, create_app
 
-    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"],
-                          page_size=info["page_size"])
+    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
+                          vocab_size=info["vocab_size"])
     app = create_app(config, backend)
 
     def end_requests(reason: str) -> None:
