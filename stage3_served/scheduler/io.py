@@ -45,9 +45,7 @@ class SchedulerIOMixin:
             self._io_queues += [self._recv_from_tokenizer, self._send_to_detokenizer]
             self._send_to_ranks: ZmqPubQueue | None = None
             if tp_info.size > 1:
-                self._send_to_ranks = ZmqPubQueue(config.zmq_scheduler_broadcast_addr, True, BaseBackendMsg.encoder)
-                self._io_queues.append(self._send_to_ranks)
-                self._send_to_ranks.wait_for_subscribers(tp_info.size - 1, SUBSCRIBE_TIMEOUT_S)
+                self._send_to_ranks = self._open_broadcast(config)
             self.receive_msg = self._receive_msg_rank0
             self.send_result = self._send_result_rank0
         else:
@@ -57,6 +55,18 @@ class SchedulerIOMixin:
             self._io_queues.append(self._recv_from_rank0)
             self.receive_msg = self._receive_msg_other_rank
             self.send_result = self._send_result_other_rank
+
+    def _open_broadcast(self, config: SchedulerConfig) -> ZmqPubQueue:
+        """Rank 0's PUB socket, once every other rank has subscribed; if they do not, the sockets opened so far are
+        closed (and their ipc files removed) before the error propagates."""
+        queue = ZmqPubQueue(config.zmq_scheduler_broadcast_addr, True, BaseBackendMsg.encoder)
+        self._io_queues.append(queue)
+        try:
+            queue.wait_for_subscribers(config.tp_info.size - 1, SUBSCRIBE_TIMEOUT_S)
+        except BaseException:
+            self.stop_io()
+            raise
+        return queue
 
     # supplied by the scheduler / the offline LLM
     def run_when_idle(self) -> None:

@@ -26,6 +26,7 @@ from .args import ServerArgs
 from .frontend import BackendUnavailable, FrontendManager, QueueFull, RequestRejected
 from .guard import GuardMiddleware
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from .openapi import error_responses, install_openapi
 from .protocol import (
     APIError,
     ChatCompletionRequest,
@@ -50,6 +51,7 @@ class BackendInfo:
     max_seq_len: int
     num_pages: int
     page_size: int
+    vocab_size: int
 
 
 class ClientGone(Exception):
@@ -76,6 +78,8 @@ def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
     app.state.created = int(time.time())
     _install_error_handlers(app)
     _add_routes(app)
+    install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
+                    api_key=config.api_key is not None)
     return app
 
 
@@ -112,9 +116,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 413: "request_too_large"}.get(exc.status_code, "http_error")
-        err = APIError(exc.status_code, str(exc.detail), code)
-        return _error_response(err)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code,
+                                                                                            "http_error")
+        # a 405 carries Starlette's Allow header (RFC 9110)
+        return _error_response(APIError(exc.status_code, str(exc.detail), code, headers=exc.headers))
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -140,11 +145,16 @@ def _check_model(app: FastAPI, model: str | None) -> str:
     return config.served_model_name
 
 
-def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) -> SamplingParams:
+def _within_context(app: FastAPI, param: str, max_tokens: int | None) -> None:
     max_seq_len = app.state.backend.max_seq_len
     if max_tokens is not None and max_tokens > max_seq_len:
-        raise APIError(400, f"max_tokens={max_tokens} exceeds the context length of {max_seq_len} tokens",
-                       "context_length_exceeded", param="max_tokens")
+        raise APIError(400, f"{param}={max_tokens} exceeds the context length of {max_seq_len} tokens",
+                       "context_length_exceeded", param=param)
+
+
+def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) -> SamplingParams:
+    max_seq_len = app.state.backend.max_seq_len
+    _within_context(app, "max_tokens", max_tokens)
     return SamplingParams(
         temperature=req.temperature,
         top_k=req.top_k,
@@ -264,7 +274,7 @@ def _add_routes(app: FastAPI) -> None:
             raise _unavailable(fm.dead_reason)
         return fm
 
-    @app.get("/health")
+    @app.get("/health", responses=error_responses(503))
     async def health() -> Dict[str, str]:
         frontend()
         return {"status": "ok"}
@@ -281,7 +291,7 @@ def _add_routes(app: FastAPI) -> None:
                 "owned_by": "mini-sglang", "root": config.model_path, "max_model_len": app.state.backend.max_seq_len}
         return {"object": "list", "data": [card]}
 
-    @app.get("/v1/stats")
+    @app.get("/v1/stats", responses=error_responses(503))
     async def stats() -> Dict[str, Any]:
         """KV pool / prefix cache / queue figures straight from the scheduler (asked through the same pipes the
         requests take), plus the API server's count of requests in flight."""
@@ -292,7 +302,7 @@ def _add_routes(app: FastAPI) -> None:
             raise _unavailable(f"no stats from the scheduler: {e!r}") from None
         return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight}}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(503))
     async def metrics() -> Response:
         """Prometheus text format; the gauges are the scheduler's stats at this moment."""
         fm = frontend()
@@ -302,7 +312,7 @@ def _add_routes(app: FastAPI) -> None:
             raise _unavailable(f"no stats from the scheduler: {e!r}") from None
         return Response(app.state.metrics.render(scheduler, fm.num_requests), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=error_responses(404, 503, streams=True))
     async def completions(req: CompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
         params = _sampling_params(app, req, req.max_tokens)
@@ -316,9 +326,11 @@ def _add_routes(app: FastAPI) -> None:
 
         return await _respond(request, req, deltas, chunk, rid, created, model, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=error_responses(404, 503, streams=True))
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
+        for name in ("max_completion_tokens", "max_tokens"):  # either may be sent; both must fit
+            _within_context(app, name, getattr(req, name))
         params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         deltas = generate_deltas(frontend(), messages, params, req.stop_list())
@@ -361,7 +373,7 @@ def _add_routes(app: FastAPI) -> None:
             "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens),
         })
 
-    @app.post("/generate")
+    @app.post("/generate", responses=error_responses(503, streams=True))
     async def generate(req: GenerateRequest, request: Request) -> Response:
         """Upstream's endpoint: greedy. Streamed events carry ``{"text": ...}`` (upstream wrote the raw text after
         ``data:``, which breaks on newlines)."""

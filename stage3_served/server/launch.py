@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any, Callable, List
 
 from ..distributed import DistributedInfo
+from ..utils.process import setup_worker_process
 from .args import ServerArgs, parse_args
 from .cli import prog_name
 from .preflight import StartupError, bind_listener, check_port_free
@@ -51,14 +52,15 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)  # unwinds through finally blocks, which close the sockets
 
 
-def _worker_setup(parent_pid: int, log_level: str) -> None:
+def _worker_setup(parent_pid: int, log_level: str, role: str) -> None:
     _die_with_parent(parent_pid)
+    setup_worker_process(role)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")
 
 
 def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
-    _worker_setup(parent_pid, config.effective_log_level)
+    _worker_setup(parent_pid, config.effective_log_level, f"scheduler_{config.tp_info.rank}")
     import torch
 
     from ..scheduler import Scheduler
@@ -76,8 +78,8 @@ def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
             scheduler.shutdown()
 
 
-def _run_tokenizer(kwargs: dict, ack_queue: Any, parent_pid: int, log_level: str) -> None:
-    _worker_setup(parent_pid, log_level)
+def _run_tokenizer(kwargs: dict, ack_queue: Any, parent_pid: int, log_level: str, role: str) -> None:
+    _worker_setup(parent_pid, log_level, role)
     import torch
 
     torch.set_num_threads(1)  # leave the cores to the scheduler
@@ -108,10 +110,12 @@ class WorkerSet:
                       frontend_addr=c.zmq_frontend_addr)
         detok = dict(common, addr=c.zmq_detokenizer_addr, create=c.share_tokenizer, local_bs=64,
                      tokenizer_id=c.num_tokenizer)
-        targets.append(("minisgl-detokenizer-0", _run_tokenizer, (detok, self.ack_queue, pid, level)))
+        role = "tokenizer+detokenizer" if c.share_tokenizer else "detokenizer"  # the process title
+        targets.append(("minisgl-detokenizer-0", _run_tokenizer, (detok, self.ack_queue, pid, level, role)))
         for i, addr in enumerate([] if c.share_tokenizer else c.zmq_tokenizer_addrs):
             tok = dict(common, addr=addr, create=True, local_bs=64, tokenizer_id=i)
-            targets.append((f"minisgl-tokenizer-{i}", _run_tokenizer, (tok, self.ack_queue, pid, level)))
+            args = (tok, self.ack_queue, pid, level, f"tokenizer_{i}")
+            targets.append((f"minisgl-tokenizer-{i}", _run_tokenizer, args))
         # children inherit an ignored SIGINT through exec (spawn), so Ctrl-C never interrupts them half-way
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -233,8 +237,8 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
 
     from .api_server import BackendInfo, create_app
 
-    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"],
-                          page_size=info["page_size"])
+    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
+                          vocab_size=info["vocab_size"])
     app = create_app(config, backend)
 
     def end_requests(reason: str) -> None:

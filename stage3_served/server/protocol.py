@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -35,11 +35,65 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# Bounds that only the loaded model knows; the OpenAPI document fills them in (openapi.py). The API refuses a
+# max_tokens beyond the context itself, the scheduler a prompt token id outside the vocabulary (a 400 either way).
+BOUND_KEY = "x-bound"
+CONTEXT_BOUND = {BOUND_KEY: "context_length"}
+VOCAB_BOUND = {BOUND_KEY: "vocab_size"}
+
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 # Integers cross process boundaries as msgpack int64 / torch int32: out-of-range ones must be refused here, not by
-# an encoder half-way through a request (found by the schema fuzzer).
-# (int32 on the wire; negative ones and ones beyond the vocabulary get the scheduler's own 400)
-TokenId = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# an encoder half-way through a request (found by the schema fuzzer). JSON Schema counts 16.0 as an integer, so the
+# strict models take it as 16 (but not 16.5, "16" or true); the bounds come first so that the schema states them.
+MAX_INT32 = 2**31 - 1
+Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]
+# ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
+SafeInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1), BeforeValidator(_integral)]
+PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extra=VOCAB_BOUND),
+                          BeforeValidator(_integral)]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
+
+# Prompts and stop strings: unions told apart by their JSON shape, so an error names the branch the value meant
+# (`prompt.token_ids: List should have at least 1 item`) and the schema states the same constraints (oneOf).
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[List[PromptTokenId], Field(min_length=1)]
+
+
+def _json_shape(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "text"
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else None
+    return "texts" if isinstance(first, str) else "token_id_lists" if isinstance(first, list) else "token_ids"
+
+
+def _stop_shape(value: Any) -> str | None:
+    return "text" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+Prompt = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")]
+    | Annotated[List[Text], Field(min_length=1, max_length=1), Tag("texts")]
+    | Annotated[List[TokenIds], Field(min_length=1, max_length=1), Tag("token_id_lists")],
+    Discriminator(_json_shape, custom_error_type="invalid_prompt",
+                  custom_error_message="prompt must be text, token ids, or a list of one of those"),
+]
+SinglePrompt = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")],
+    Discriminator(_json_shape, custom_error_type="invalid_prompt",
+                  custom_error_message="prompt must be text or token ids"),
+]
+Stop = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[List[Text], Tag("list")],
+    Discriminator(_stop_shape, custom_error_type="invalid_stop",
+                  custom_error_message="stop must be a string or a list of strings"),
+]
 
 
 @dataclass(frozen=True)
@@ -169,24 +223,17 @@ class SamplingFields(_Strict):
     """What /v1/completions and /v1/chat/completions share."""
 
     model: str | None = Field(None, description="must name the served model when given")
-    max_tokens: int | None = Field(None, ge=1, le=2**31 - 1,
-                                   description="new tokens at most; at most the context length")
+    max_tokens: MaxTokens | None = Field(None, description="new tokens at most (default: the rest of the context)")
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-(2**31), le=2**31 - 1, description="< 1 disables top-k")
-    seed: Int64 | None = Field(None, description="per-request sampling seed")
-    stop: str | List[str] | None = Field(None, description="the text is cut before the first occurrence")
-    stop_token_ids: List[TokenId] | None = Field(None, description="token ids that end the request like EOS")
+    top_k: Int32 = Field(-1, description="< 1 disables top-k")
+    seed: SafeInt | None = Field(None, description="per-request sampling seed")
+    stop: Stop | None = Field(None, description="the text is cut before the first occurrence")
+    stop_token_ids: List[Int32] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
     skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
     stream: bool = False
     stream_options: StreamOptions | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> SamplingFields:
-        if any(s == "" for s in self.stop_list()):
-            raise ValueError("stop strings must not be empty")
-        return self
 
     def stop_list(self) -> List[str]:
         if self.stop is None:
@@ -197,33 +244,26 @@ class SamplingFields(_Strict):
 class ChatCompletionRequest(SamplingFields):
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
     messages: List[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1, description="newer name of max_tokens")
+    max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
 
 
 class CompletionRequest(SamplingFields):
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_COMPLETION
-    prompt: str | List[TokenId] | List[str] | List[List[TokenId]] = Field(
-        description="text or token ids; a list of one prompt is accepted (no batching)"
-    )
-    max_tokens: int | None = Field(16, ge=1, le=2**31 - 1)
+    prompt: Prompt = Field(description="text or token ids; a list of one prompt is accepted (no batching)")
+    max_tokens: MaxTokens | None = 16
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
-        p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise ValueError("only one prompt per request is supported")
-            self.prompt = p = p[0]
-        if len(p) == 0:
-            raise ValueError("prompt must not be empty")
+        if isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list)):
+            self.prompt = self.prompt[0]  # the list of one prompt
         return self
 
 
 class GenerateRequest(_Strict):
     """Upstream's /generate: greedy, streamed."""
 
-    prompt: str | List[TokenId] = Field(min_length=1)
-    max_tokens: int = Field(ge=1, le=2**31 - 1)
+    prompt: SinglePrompt
+    max_tokens: MaxTokens
     ignore_eos: bool = False
     stream: bool = True
 

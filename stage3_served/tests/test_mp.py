@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import uuid
@@ -23,6 +24,7 @@ from stage3_served.message import (
     StatsBackendMsg,
     UserMsg,
 )
+from stage3_served.scheduler import io as io_module
 from stage3_served.scheduler.io import SchedulerIOMixin
 from stage3_served.utils.mp import (
     ZmqAsyncPullQueue,
@@ -123,6 +125,19 @@ def test_wait_for_subscribers_times_out_clearly():
         pub.stop()
 
 
+def test_the_binding_queue_removes_its_ipc_file_on_stop():
+    """libzmq leaves an ipc:// socket file behind when the socket closes; the queue that bound it removes it."""
+    addr = _addr()
+    path = addr.removeprefix("ipc://")
+    pull = ZmqPullQueue(addr, True, BaseBackendMsg.decoder)
+    push = ZmqPushQueue(addr, False, BaseBackendMsg.encoder)
+    assert os.path.exists(path)
+    push.stop()
+    assert os.path.exists(path)  # a connecting queue leaves the binder's file alone
+    pull.stop()
+    assert not os.path.exists(path)
+
+
 @dataclass(frozen=True)
 class _Config:
     tp_info: DistributedInfo
@@ -187,6 +202,14 @@ def _late_rank_scenario(tp: int = 3, late_s: float = 0.5, recv_timeout_ms: int =
             q.stop()
         rank0.stop_io()
     return steps, [seen[r] for r in range(1, tp)]
+
+
+def test_rank0_whose_ranks_never_subscribe_leaves_no_ipc_file(monkeypatch):
+    monkeypatch.setattr(io_module, "SUBSCRIBE_TIMEOUT_S", 0.2)
+    addrs = dict(zmq_backend_addr=_addr(), zmq_detokenizer_addr=_addr(), zmq_scheduler_broadcast_addr=_addr())
+    with pytest.raises(TimeoutError):
+        _Rank(_Config(DistributedInfo(0, 2), **addrs))
+    assert not any(os.path.exists(a.removeprefix("ipc://")) for a in addrs.values())
 
 
 def test_ranks_that_subscribe_late_get_every_step_from_the_first():

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from stage3_served.harness import server_process
+from stage3_served.harness import free_port, server_process
 
 
 def _workers(pid: int) -> list[psutil.Process]:
@@ -31,7 +31,14 @@ def _all_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Proc
 
 
 def _ipc_files(pid: int) -> list[str]:
-    return [p for p in os.listdir("/tmp") if p.startswith("minisgl_") and p.endswith(f".pid={pid}")]
+    return [p for p in os.listdir("/tmp") if p.startswith("minisgl_") and f".pid={pid}" in p]
+
+
+def _title(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline()).strip()  # setproctitle pads the title with spaces
+    except psutil.Error:
+        return ""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -39,7 +46,9 @@ def test_signal_stops_every_process(tiny_dir, sig):
     with server_process(str(tiny_dir)) as server:
         pid = server.proc.pid
         workers = _workers(pid)
-        assert len(workers) >= 2  # scheduler + tokenizer/detokenizer (+ multiprocessing's resource tracker)
+        # named in `ps` (the third child is multiprocessing's resource tracker)
+        titles = sorted(t for t in map(_title, workers) if t.startswith("minisgl::"))
+        assert titles == ["minisgl::scheduler_0", "minisgl::tokenizer+detokenizer"], list(map(_title, workers))
         assert _ipc_files(pid)
         if sig == signal.SIGINT:  # Ctrl-C in a terminal reaches the whole process group
             os.killpg(pid, signal.SIGINT)
@@ -54,7 +63,7 @@ def test_signal_stops_every_process(tiny_dir, sig):
 def test_dead_worker_brings_the_server_down_with_a_message(tiny_dir):
     with server_process(str(tiny_dir)) as server:
         workers = _workers(server.proc.pid)
-        scheduler = next(p for p in workers if "spawn_main" in " ".join(p.cmdline()))
+        scheduler = next(p for p in workers if _title(p) == "minisgl::scheduler_0")
         # a stream in flight when the worker dies ends with an error event, not silence
         body = {"prompt": "hello", "max_tokens": 3000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
@@ -68,6 +77,8 @@ def test_dead_worker_brings_the_server_down_with_a_message(tiny_dir):
         assert _all_gone(workers, 15) == []
         log = server.log()
         assert re.search(r"worker minisgl-\S+ \(pid \d+\) was killed by signal 9; shutting the server down", log)
+        assert "leaked semaphore" not in log  # tqdm's multiprocessing lock in the killed worker
+        assert _ipc_files(server.proc.pid) == []
 
 
 def test_worker_dying_during_start_up_is_reported(tmp_path, tiny_dir):
@@ -81,6 +92,24 @@ def test_worker_dying_during_start_up_is_reported(tmp_path, tiny_dir):
                                            r"during start-up"):
         with server_process(str(bad), startup_timeout_s=120):
             pass
+
+
+def test_failed_start_leaves_no_ipc_file(tmp_path, tiny_dir):
+    """The scheduler dies reading the weights: the server exits 1 and removes every socket file of its run."""
+    bad = tmp_path / "corrupt-weights"
+    bad.mkdir()
+    for f in tiny_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (bad / f.name).symlink_to(f)
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "stage3_served", "--model", str(bad), "--port",
+                             str(free_port())], cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 1 and "during start-up" in log, log
+    assert _ipc_files(proc.pid) == []
+    assert "leaked semaphore" not in log
 
 
 # escape sequences a terminal program writes (CSI ..., OSC ... BEL, and the two-byte ones), for matching visible text

@@ -41,6 +41,9 @@ def _follower(config: Any, started: mp.connection.Connection) -> None:
     import torch
 
     from ..scheduler import Scheduler
+    from ..utils.process import setup_worker_process
+
+    setup_worker_process(f"scheduler_{config.tp_info.rank}")
 
     with torch.inference_mode():
         scheduler = Scheduler(config)

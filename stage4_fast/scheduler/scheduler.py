@@ -316,7 +316,7 @@ class Scheduler(SchedulerIOMixin):
     def backend_info(self) -> Dict[str, int]:
         """What the API server needs to check requests before sending them (the scheduler's start-up ack)."""
         return {"max_seq_len": self.engine.max_seq_len, "num_pages": self.engine.num_pages,
-                "page_size": self.config.page_size}
+                "page_size": self.config.page_size, "vocab_size": self.engine.config.model_config.vocab_size}
 
     def stats(self) -> Dict[str, Any]:
         """The pool, the prefix cache and the queues, for operators and tests (GET /v1/stats). At rest:

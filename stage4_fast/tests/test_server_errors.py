@@ -111,5 +111,6 @@ def test_unknown_route_and_method_are_openai_errors(tiny_server):
     r = httpx.get(f"{tiny_server.base_url}/v1/nothing-here", timeout=30)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = httpx.get(f"{tiny_server.base_url}/v1/completions", timeout=30)
-    assert r.status_code == 405 and "error" in r.json()
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"  # RFC 9110
     _good_request_works(tiny_server)

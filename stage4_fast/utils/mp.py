@@ -7,8 +7,10 @@ a token, and ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued one
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, Callable, Generic, TypeVar
+from contextlib import suppress
+from typing import Any, Callable, Generic, Tuple, TypeVar
 
 import msgpack
 import zmq
@@ -28,25 +30,34 @@ def _unpack(decoder: Callable[[Any], T], raw: bytes) -> T:
     return decoder(msgpack.unpackb(raw, raw=False))
 
 
-def _open(context: zmq.Context, kind: int, addr: str, create: bool) -> zmq.Socket:
+def _attach(socket: zmq.Socket, addr: str, create: bool) -> str | None:
+    """Bind (create) or connect; returns the file an ipc:// bind created, which libzmq leaves behind on close."""
+    if not create:
+        socket.connect(addr)
+        return None
+    socket.bind(addr)
+    return addr.removeprefix("ipc://") if addr.startswith("ipc://") else None
+
+
+def _open(context: zmq.Context, kind: int, addr: str, create: bool) -> Tuple[zmq.Socket, str | None]:
     socket = context.socket(kind)
     socket.setsockopt(zmq.SNDHWM, 0)
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.setsockopt(zmq.LINGER, _LINGER_MS)
-    if create:
-        socket.bind(addr)
-    else:
-        socket.connect(addr)
-    return socket
+    return socket, _attach(socket, addr, create)
 
 
 class _Queue:
     context: zmq.Context
     socket: zmq.Socket
+    bound_file: str | None = None  # the ipc:// socket file this queue's bind created
 
     def stop(self) -> None:
         self.socket.close()
         self.context.term()
+        if self.bound_file is not None:  # the binder owns the file: no /tmp/minisgl_* left after a clean exit
+            with suppress(FileNotFoundError):
+                os.unlink(self.bound_file)
 
 
 class _SyncReceiver(_Queue, Generic[T]):
@@ -70,7 +81,7 @@ class _SyncReceiver(_Queue, Generic[T]):
 class ZmqPushQueue(_Queue, Generic[T]):
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
         self.context = zmq.Context()
-        self.socket = _open(self.context, zmq.PUSH, addr, create)
+        self.socket, self.bound_file = _open(self.context, zmq.PUSH, addr, create)
         self.encoder = encoder
 
     def put(self, obj: T) -> None:
@@ -80,7 +91,7 @@ class ZmqPushQueue(_Queue, Generic[T]):
 class ZmqAsyncPushQueue(_Queue, Generic[T]):
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
         self.context = zmq.asyncio.Context()
-        self.socket = _open(self.context, zmq.PUSH, addr, create)
+        self.socket, self.bound_file = _open(self.context, zmq.PUSH, addr, create)
         self.encoder = encoder
 
     async def put(self, obj: T) -> None:
@@ -95,7 +106,7 @@ class ZmqAsyncPushQueue(_Queue, Generic[T]):
 class ZmqPullQueue(_SyncReceiver[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
         self.context = zmq.Context()
-        self.socket = _open(self.context, zmq.PULL, addr, create)
+        self.socket, self.bound_file = _open(self.context, zmq.PULL, addr, create)
         self.decoder = decoder
 
 
@@ -103,7 +114,7 @@ class ZmqPullQueue(_SyncReceiver[T]):
 class ZmqAsyncPullQueue(_Queue, Generic[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
         self.context = zmq.asyncio.Context()
-        self.socket = _open(self.context, zmq.PULL, addr, create)
+        self.socket, self.bound_file = _open(self.context, zmq.PULL, addr, create)
         self.decoder = decoder
 
     async def get(self) -> T:
@@ -125,10 +136,7 @@ class ZmqPubQueue(_Queue, Generic[T]):
         self.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscription, also repeats of the same topic
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.LINGER, _LINGER_MS)
-        if create:
-            self.socket.bind(addr)
-        else:
-            self.socket.connect(addr)
+        self.bound_file = _attach(self.socket, addr, create)
         self.encoder = encoder
         self.num_subscribers = 0
 
@@ -155,9 +163,6 @@ class ZmqSubQueue(_SyncReceiver[T]):
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
-        if create:
-            self.socket.bind(addr)
-        else:
-            self.socket.connect(addr)
+        self.bound_file = _attach(self.socket, addr, create)
         self.decoder = decoder
 

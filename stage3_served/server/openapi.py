@@ -1,0 +1,108 @@
+"""The OpenAPI document (`/openapi.json`, `/docs`) made to tell the truth about this server (not upstream).
+
+FastAPI documents a 422 that the server never sends (validation errors are OpenAI's 400) and one JSON body for every
+200. Here each operation lists the statuses it answers, with OpenAI's error body: its own (declared on the route
+with ``error_responses``) plus what the front door answers anywhere (400 for a bad Content-Length, 413 for a body
+over --max-request-bytes, 401 without the --api-key). Streamed answers are ``text/event-stream``; the bounds only the
+loaded model knows (max_tokens within the context, prompt token ids within the vocabulary) are filled in; and with an
+API key the Bearer scheme is declared. Schemathesis checks the document against the running server (the tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from .guard import OPEN_PATHS
+from .protocol import BOUND_KEY
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, for every 4xx and 5xx."""
+
+    error: ErrorBody
+
+
+_DESCRIPTIONS = {
+    400: "invalid request: a value, an unsupported or unknown field, a prompt the model cannot take",
+    401: "missing or wrong API key",
+    404: "unknown model",
+    413: "request body larger than --max-request-bytes",
+    503: "overloaded (with Retry-After), stopping, or a worker died",
+}
+# one server-sent event: `data:` carries a JSON chunk (an `{"error": ...}` one if the request fails after its start),
+# the last one `[DONE]`
+SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}},
+                                        "required": ["data"]}}}
+
+
+def error_responses(*statuses: int, streams: bool = False) -> Dict[int | str, Dict[str, Any]]:
+    """A route's own error statuses (and, for a route that can stream, its event-stream 200) for FastAPI's
+    ``responses=``."""
+    responses: Dict[int | str, Dict[str, Any]] = {
+        status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]} for status in statuses
+    }
+    if streams:
+        responses[200] = {"content": SSE, "description": "JSON, or with `\"stream\": true` server-sent events"}
+    return responses
+
+
+def _operations(doc: Dict[str, Any]) -> Iterator[tuple[str, Dict[str, Any]]]:
+    for path, item in doc.get("paths", {}).items():
+        for operation in item.values():
+            yield path, operation
+
+
+def _fill_bounds(node: Any, bounds: Dict[str, int]) -> None:
+    """Replace each `x-bound` marker (protocol.py) with the maximum it stands for, on the integer it qualifies."""
+    if isinstance(node, list):
+        for item in node:
+            _fill_bounds(item, bounds)
+        return
+    if not isinstance(node, dict):
+        return
+    if (kind := node.pop(BOUND_KEY, None)) is not None:
+        for target in [node, *node.get("anyOf", [])]:
+            if target.get("type") == "integer":
+                target["maximum"] = bounds[kind] - (1 if kind == "vocab_size" else 0)
+                if kind == "vocab_size":
+                    target["minimum"] = 0
+    for value in node.values():
+        _fill_bounds(value, bounds)
+
+
+def install_openapi(app: FastAPI, *, context_length: int, vocab_size: int, api_key: bool) -> None:
+    def openapi() -> Dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
+        error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+        for path, operation in _operations(doc):
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)  # never sent: validation errors are 400
+            shared = [400, 413] + ([401] if api_key and path not in OPEN_PATHS else [])
+            for status in shared:
+                responses.setdefault(str(status), {"description": _DESCRIPTIONS[status],
+                                                   "content": {"application/json": {"schema": error_ref}}})
+            if api_key and path not in OPEN_PATHS:
+                operation["security"] = [{"bearer": []}]
+        schemas = doc["components"]["schemas"]  # ErrorResponse is there: the routes' error_responses name it
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+        if api_key:
+            doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        _fill_bounds(doc, {"context_length": context_length, "vocab_size": vocab_size})
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
