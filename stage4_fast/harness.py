@@ -28,7 +28,7 @@ ARCHITECTURES = frozenset(
 )
 OPTIONS = frozenset(
     {"page_size", "max_running_req", "num_pages", "attention_backend", "cache_type", "max_extend_tokens", "overlap",
-     "tp", "cuda_graph"}
+     "tp", "cuda_graph", "kv_cache_dtype"}
 )
 CAPABILITIES = frozenset({"batch", "sampling", "server"})
 
@@ -42,6 +42,7 @@ _CONFIG_FIELD = {
     "max_extend_tokens": "max_extend_tokens",
     "overlap": "overlap_scheduling",
     "tp": "tp",  # an LLM argument: ranks 1..tp-1 run in processes of their own
+    "kv_cache_dtype": "kv_cache_dtype",
 }
 # Loading a model dominates a small generate call, so LLMs are reused within a process (a second call then finds
 # the first one's prefixes in the radix cache, as a server would). Keep only a few alive (memory).
@@ -100,6 +101,7 @@ _FLAGS = {
     "num_pages": "--num-pages",
     "attention_backend": "--attention-backend",
     "tp": "--tp",
+    "kv_cache_dtype": "--kv-cache-dtype",
 }
 
 

@@ -6,6 +6,10 @@
 * ``fa``: FlashAttention 4 varlen with a paged KV cache.
 
 Each GPU backend imports its library only when built, so this package imports on any machine.
+
+A KV pool in another dtype than the model's (``--kv-cache-dtype``): torch and triton read any storage dtype
+(converting as they read), FlashInfer reads fp8 under 16-bit queries, FlashAttention 4 only its queries' dtype;
+``kv_cache_dtype_problem`` says so before anything is loaded.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from ..kvcache.dtype import kv_cache_dtype_name
 from ..utils import Registry
 from .base import BaseAttnBackend, BaseAttnMetadata, HybridBackend
 from .torch_backend import TorchBackend
@@ -62,6 +67,28 @@ def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
     return backend
 
 
+# backends that read a pool stored in another dtype than the queries', and which storage dtypes they take
+_CONVERTING_READS: dict[str, Callable[[torch.dtype, torch.dtype], bool]] = {
+    "torch": lambda q, kv: True,
+    "triton": lambda q, kv: True,
+    # FlashInfer's kernels take fp8 pages under fp16/bf16 queries (kv_data_type in plan, scales in run)
+    "fi": lambda q, kv: kv in (torch.float8_e4m3fn, torch.float8_e5m2) and q in (torch.float16, torch.bfloat16),
+}
+
+
+def kv_cache_dtype_problem(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> str | None:
+    """Why ``backend`` ("NAME" or "PREFILL,DECODE", not "auto") cannot read a KV pool of ``kv_dtype`` under a
+    ``dtype`` model, or None."""
+    if kv_dtype == dtype:
+        return None
+    for name in backend.split(","):
+        if not _CONVERTING_READS.get(name, lambda q, kv: False)(dtype, kv_dtype):
+            able = ", ".join(n for n, ok in _CONVERTING_READS.items() if ok(dtype, kv_dtype))
+            return (f"attention backend {name!r} cannot read KV stored as {kv_cache_dtype_name(kv_dtype)} in a "
+                    f"{kv_cache_dtype_name(dtype)} model; backends that can: {able}")
+    return None
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -69,15 +96,17 @@ def _installed(module: str) -> bool:
         return False
 
 
-def resolve_auto_backend(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
+def resolve_auto_backend(device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                         kv_dtype: torch.dtype | None = None) -> str:
     """What "auto" means here. CPU: the torch reference. GPU: our Triton kernels, with FA 4 for prefill on sm90+
     when its package is present. Upstream's sm90 choice is "fa,fi"; on the H200 our Triton decode kernel read the
     paged KV faster than FlashInfer's decode (upstream's offline workload: 24.6k vs 22.2k output tok/s end to end,
     bench/gpu_notes.md), so FlashInfer is no longer picked by itself: ask for it with "fi". FlashInfer and
-    FlashAttention compute in 16-bit only; an fp32 engine gets Triton as well."""
+    FlashAttention compute in 16-bit only; an fp32 engine gets Triton as well, and so does a KV pool in another
+    dtype than the model's (FlashAttention 4 reads K/V in the queries' dtype only)."""
     if device.type != "cuda":
         return "torch"
-    if dtype not in (torch.float16, torch.bfloat16):
+    if dtype not in (torch.float16, torch.bfloat16) or (kv_dtype is not None and kv_dtype != dtype):
         return "triton"
     decode = "triton"
     prefill = decode
@@ -103,6 +132,7 @@ __all__ = [
     "BaseAttnMetadata",
     "HybridBackend",
     "create_attention_backend",
+    "kv_cache_dtype_problem",
     "resolve_auto_backend",
     "validate_attn_backend",
 ]

@@ -8,6 +8,10 @@ to the GPU), so it is deferred to the first layer's forward: by then the previou
 the same stream. Before re-planning we wait for the event recorded after the previous plan, so the pinned
 staging buffer is not overwritten while its copy is still pending (the race upstream fixed in #103).
 
+An fp8 pool (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) is planned with ``kv_data_type`` fp8 and the model's
+``q_data_type``; FlashInfer reads the fp8 pages and converts them in its kernels, and ``run`` gets the layer's
+scales.
+
 CUDA graphs: one ``CUDAGraphBatchDecodeWithPagedKVCacheWrapper`` per captured batch size, whose indptr / indices /
 last-page-length live in fixed buffers; at replay we plan into those buffers right before ``graph.replay()``.
 """
@@ -45,7 +49,8 @@ class FIMetadata(BaseAttnMetadata):
     num_qo_heads: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the queries' (the model's)
+    kv_dtype: torch.dtype  # the pool's: the model's, or fp8 (FlashInfer converts as it loads)
     wrapper: Any  # the decode wrapper for decode batches, the prefill wrapper otherwise
     is_decode: bool
     page_size: int = 1
@@ -121,7 +126,8 @@ class FlashInferBackend(BaseAttnBackend):
             num_qo_heads=self.qo_head_local,
             num_kv_heads=self.kv_head_local,
             head_dim=self.head_dim,
-            dtype=self.kv_cache.dtype,
+            dtype=self.kv_cache.compute_dtype,
+            kv_dtype=self.kv_cache.dtype,
             wrapper=self.decode_wrapper if lens.is_decode else self.prefill_wrapper,
             is_decode=lens.is_decode,
         )
@@ -141,12 +147,12 @@ class FlashInferBackend(BaseAttnBackend):
         common = dict(
             num_qo_heads=meta.num_qo_heads, num_kv_heads=meta.num_kv_heads, page_size=meta.page_size,
             pos_encoding_mode=meta.pos_encoding_mode, seq_lens=meta.seq_lens_cpu, q_data_type=meta.dtype,
-            kv_data_type=meta.dtype, non_blocking=True,
+            kv_data_type=meta.kv_dtype, non_blocking=True,
         )
         if meta.is_decode:
             meta.wrapper.plan(
                 indptr=meta.cu_seqlens_k_cpu, indices=meta.indices, last_page_len=meta.last_page_len_cpu,
-                head_dim=meta.head_dim, data_type=meta.dtype, **common,
+                head_dim=meta.head_dim, **common,
             )
         else:
             meta.wrapper.plan(
@@ -163,7 +169,12 @@ class FlashInferBackend(BaseAttnBackend):
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         if not meta.initialized:
             self._plan(meta)
-        return meta.wrapper.run(q=q, paged_kv_cache=(self._k[layer_id], self._v[layer_id]))
+        # an fp8 pool's scales: FlashInfer folds k_scale into the softmax scale and multiplies the output by
+        # v_scale (one more kernel, so not passed when it is 1.0)
+        k_scale, v_scale = (s[layer_id] if s[layer_id] != 1.0 else None
+                            for s in (self.kv_cache.k_scales, self.kv_cache.v_scales))
+        return meta.wrapper.run(q=q, paged_kv_cache=(self._k[layer_id], self._v[layer_id]), k_scale=k_scale,
+                                v_scale=v_scale)
 
     # ---- CUDA graph hooks (decode only) ----
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
@@ -200,7 +211,8 @@ class FlashInferBackend(BaseAttnBackend):
             num_qo_heads=self.qo_head_local,
             num_kv_heads=self.kv_head_local,
             head_dim=self.head_dim,
-            dtype=self.kv_cache.dtype,
+            dtype=self.kv_cache.compute_dtype,
+            kv_dtype=self.kv_cache.dtype,
             wrapper=self._graph_wrapper(bs),
             is_decode=True,
         )

@@ -4,6 +4,9 @@ Scores are never formed for the whole batch at once: a decode batch attends one 
 request's own keys (padded to the longest), and a prefill attends request by request with SDPA. All index tensors
 (which slots each request reads, masks) are built once per forward in prepare_metadata, not once per layer.
 
+A pool that stores another dtype than the model's (``--kv-cache-dtype``, e.g. fp8) is dequantized on read: the
+gathered rows are converted to the query's dtype and multiplied by the layer's scale (``kernel/ref.dequantize_kv``).
+
 Graph hooks (CPU emulation of CUDA graphs): a captured decode reads each request's page-table row and length from
 fixed buffers and rebuilds its slot indices from them in every layer, so a replay sees exactly what was copied in.
 """
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import get_global_ctx
+from ..kernel.ref import dequantize_kv, is_fp8
 from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
@@ -64,8 +68,12 @@ class TorchBackend(BaseAttnBackend):
         # per-layer views of the pool as [num_slots, heads * dim], made once: gathering rows of a 2-D view with
         # index_select is several times faster on CPU than advanced indexing of [num_slots, heads, dim] (stage1),
         # and the decode step gathers every request's keys and values in every layer
-        self._k = [self.kv_cache.k_cache(i).view(-1, self.num_kv_heads * self.head_dim) for i in range(num_layers)]
-        self._v = [self.kv_cache.v_cache(i).view(-1, self.num_kv_heads * self.head_dim) for i in range(num_layers)]
+        # (an fp8 pool's rows are gathered as bytes: index_select does not cover the fp8 dtypes everywhere)
+        row = self.num_kv_heads * self.head_dim
+        self._bytes = is_fp8(self.kv_cache.dtype)
+        as_rows = (lambda t: t.view(torch.uint8).view(-1, row)) if self._bytes else (lambda t: t.view(-1, row))
+        self._k = [as_rows(self.kv_cache.k_cache(i)) for i in range(num_layers)]
+        self._v = [as_rows(self.kv_cache.v_cache(i)) for i in range(num_layers)]
         self.capture: TorchCaptureData | None = None
 
     def prepare_metadata(self, batch: Batch) -> None:
@@ -107,35 +115,40 @@ class TorchBackend(BaseAttnBackend):
         if meta.graph is not None:  # captured decode: everything comes from the fixed buffers
             lens = meta.graph.seq_lens
             meta.kv_indices, meta.kv_mask = self._decode_indices(meta.graph.table_idx, lens, int(lens.max()))
+        k_scale, v_scale = self.kv_cache.k_scales[layer_id], self.kv_cache.v_scales[layer_id]
         if meta.is_decode:
-            return self._decode(q, k_slots, v_slots, meta)
+            kb = self._gather(k_slots, meta.kv_indices, k_scale, q.dtype).transpose(1, 2)  # [bs, Hkv, S, D]
+            vb = self._gather(v_slots, meta.kv_indices, v_scale, q.dtype).transpose(1, 2)
+            return self._decode(q, kb, vb, meta.kv_mask)
         out = torch.empty_like(q)
         for seg in meta.segments or []:
             qi = q[seg.q_start : seg.q_end].transpose(0, 1)[None]  # [1, Hq, ext, D]
-            ki = self._gather(k_slots, seg.kv_indices).transpose(0, 1)[None]  # [1, Hkv, S, D]
-            vi = self._gather(v_slots, seg.kv_indices).transpose(0, 1)[None]
+            ki = self._gather(k_slots, seg.kv_indices, k_scale, q.dtype).transpose(0, 1)[None]  # [1, Hkv, S, D]
+            vi = self._gather(v_slots, seg.kv_indices, v_scale, q.dtype).transpose(0, 1)[None]
             oi = F.scaled_dot_product_attention(
                 qi, ki, vi, attn_mask=seg.mask, is_causal=seg.mask is None, scale=self.scale, enable_gqa=True
             )
             out[seg.q_start : seg.q_end] = oi[0].transpose(0, 1)
         return out
 
-    def _gather(self, slots: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        """Rows `indices` (any shape) of a [num_slots, heads * dim] view, as [*indices.shape, heads, dim]."""
+    def _gather(self, slots: torch.Tensor, indices: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `indices` (any shape) of a [num_slots, heads * dim] view, as [*indices.shape, heads, dim] in
+        `dtype`: the stored values times `scale` when the pool stores another dtype."""
         rows = slots.index_select(0, indices.reshape(-1))
+        if self._bytes:
+            rows = rows.view(self.kv_cache.dtype)
+        if rows.dtype != dtype:
+            rows = dequantize_kv(rows, scale, dtype)
         return rows.view(*indices.shape, self.num_kv_heads, self.head_dim)
 
-    def _decode(
-        self, q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, meta: TorchAttnMetadata
-    ) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """q [bs, Hq, D] against each request's gathered keys / values kb, vb [bs, Hkv, S, D]."""
         bs, num_qo_heads, head_dim = q.shape
         group = num_qo_heads // self.num_kv_heads
         # GQA without repeating K/V: q head h uses kv head h // group, so the group's heads become `group` query
         # rows against one kv head.
         qg = q.view(bs, self.num_kv_heads, group, head_dim)
-        kb = self._gather(k_slots, meta.kv_indices).transpose(1, 2)  # [bs, Hkv, S, D]
-        vb = self._gather(v_slots, meta.kv_indices).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qg, kb, vb, attn_mask=meta.kv_mask, scale=self.scale)
+        o = F.scaled_dot_product_attention(qg, kb, vb, attn_mask=mask, scale=self.scale)
         return o.reshape(bs, num_qo_heads, head_dim)  # SDPA output may be strided (CUDA)
 
     # ---- graph hooks: only the CPU emulation uses them (this backend cannot be captured in a real CUDA graph) ----

@@ -1,6 +1,8 @@
 """Triton backend: our own paged decode/prefill kernels (``kernel/triton_attention.py``), so a GPU without
 FlashInfer or FlashAttention is still fast, and a CPU can run the same code under the Triton interpreter.
 
+An fp8 pool is read as stored: the kernels convert each loaded K/V block in registers (``--kv-cache-dtype``).
+
 The kernels read the token-slot page table directly through each request's row (``table_idx``), so the
 metadata is three small vectors; a captured decode graph reads them from fixed buffers.
 """
@@ -90,14 +92,16 @@ class TritonBackend(BaseAttnBackend):
         meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         k_slots, v_slots = self._k[layer_id], self._v[layer_id]
+        # an fp8 pool's scales (1.0 otherwise): plain floats, so a captured graph keeps them as kernel arguments
+        scales = dict(k_scale=self.kv_cache.k_scales[layer_id], v_scale=self.kv_cache.v_scales[layer_id])
         if meta.is_decode:
             return self._kernels.decode_attention(
                 q, k_slots, v_slots, self.page_table, meta.table_idx, meta.seq_lens, self.scale, meta.num_splits,
-                mid_o=meta.mid_o, mid_lse=meta.mid_lse,
+                mid_o=meta.mid_o, mid_lse=meta.mid_lse, **scales,
             )
         return self._kernels.prefill_attention(
             q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
-            meta.max_seqlen_q, self.scale,
+            meta.max_seqlen_q, self.scale, **scales,
         )
 
     # ---- CUDA graph hooks (decode only) ----

@@ -24,6 +24,8 @@ class EngineConfig:
     cuda_graph_bs: List[int] | None = None
     cuda_graph_max_bs: int | None = None
     page_size: int = 1
+    # what the KV pool stores: "auto" (the model's dtype), "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2"
+    kv_cache_dtype: str = "auto"
     memory_ratio: float = 0.9
     distributed_timeout: float = 60.0
     use_dummy_weight: bool = False

@@ -9,14 +9,21 @@ from typing import NamedTuple
 
 import torch
 
-from ..attention import create_attention_backend, resolve_auto_backend, validate_attn_backend
+from ..attention import (
+    create_attention_backend,
+    kv_cache_dtype_problem,
+    resolve_auto_backend,
+    validate_attn_backend,
+)
 from ..attention.hybrid_linear import HybridLinearAttnBackend
 from ..core import Batch, Context, Req, SamplingParams, set_global_ctx
 from ..distributed import destroy_distributed, init_process_group, reset_tp_info, set_tp_info
-from ..kvcache import create_kvcache_pool
+from ..kernel.ref import is_fp8
+from ..kvcache import create_kvcache_pool, kv_cache_dtype_name, resolve_kv_cache_dtype
 from ..kvcache.state_pool import create_state_pool
 from ..layers import set_rope_device
-from ..models import create_model, load_weight
+from ..models import ModelConfig, create_model, load_weight
+from ..models.weight import KV_SCALE_NAME, kv_scale_name
 from ..moe import create_moe_backend, resolve_auto_moe_backend
 from ..utils import align_ceil, div_even, torch_dtype
 from ..utils.device import (
@@ -62,6 +69,8 @@ class Engine:
         torch.manual_seed(42)
         self.stream = create_stream(self.device)
         self.dtype = config.dtype
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, config.dtype)
+        self._checkpoint_kv_scales: dict[str, float] = {}  # fp8 KV scales found in the checkpoint (_load_weights)
         self.ctx = Context(page_size=config.page_size)
         set_global_ctx(self.ctx)
         # gloo group for host-side messages (None with one rank); GPU tensors go through NCCL
@@ -85,8 +94,9 @@ class Engine:
             self.num_pages = self._num_pages()
             # one extra page at the end: the dummy request's (padding) slots
             self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(
-                model_config, self.num_pages + 1, config.page_size, config.dtype, self.device
+                model_config, self.num_pages + 1, config.page_size, config.dtype, self.device, self.kv_dtype
             )
+            kv_scales = self._set_kv_scales(model_config)
             self.max_seq_len = min(config.max_seq_len, self.num_pages * config.page_size)
             self.page_table = self.ctx.page_table = torch.zeros(
                 config.max_running_req + 1, align_ceil(self.max_seq_len, 32), dtype=torch.int32, device=self.device
@@ -126,17 +136,20 @@ class Engine:
         graphs = (f"{'emulated' if runner.emulated else 'CUDA'} graphs for batch sizes up to {runner.max_graph_bs}"
                   if runner.max_graph_bs else "no graphs")
         logger.info(
-            "rank %d/%d on %s: attention %s, MoE %s, %s, %d KV pages of %d", tp.rank, tp.size, self.device,
+            "rank %d/%d on %s: attention %s, MoE %s, %s, %d KV pages of %d in %s%s", tp.rank, tp.size, self.device,
             config.attention_backend, config.moe_backend if model_config.is_moe else "-", graphs, self.num_pages,
-            config.page_size,
+            config.page_size, kv_cache_dtype_name(self.kv_dtype), kv_scales,
         )
 
     @staticmethod
     def _adjust_config(config: EngineConfig, device: torch.device) -> EngineConfig:
         # like upstream, "auto" is resolved in place on the frozen config
         validate_attn_backend(config.attention_backend)
+        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, config.dtype)
         if config.attention_backend == "auto":
-            object.__setattr__(config, "attention_backend", resolve_auto_backend(device, config.dtype))
+            object.__setattr__(config, "attention_backend", resolve_auto_backend(device, config.dtype, kv_dtype))
+        if why := kv_cache_dtype_problem(config.attention_backend, config.dtype, kv_dtype):
+            raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype}: {why}")
         if config.moe_backend == "auto":
             object.__setattr__(config, "moe_backend", resolve_auto_moe_backend(device))
         return config
@@ -168,7 +181,31 @@ class Engine:
         mc = self.config.model_config
         # each tensor is converted as it streams in: the dict ends up holding the model's only copy
         weights = load_weight(model_path, self.device, mc.num_kv_heads, mc.num_experts if mc.is_moe else 0)
-        return {k: v.to(self.dtype) for k, v in weights}
+        state: dict[str, torch.Tensor] = {}
+        for name, tensor in weights:
+            if kv_scale_name(name) is not None:  # read by the KV pool, not the model; kept in fp32
+                # per-tensor scales; a per-head vector is reduced to its largest entry (no value then overflows)
+                self._checkpoint_kv_scales[name] = float(tensor.float().max())
+            else:
+                state[name] = tensor.to(self.dtype)
+        return state
+
+    def _set_kv_scales(self, model_config: ModelConfig) -> str:
+        """Give an fp8 pool the checkpoint's per-layer scales (1.0 where it has none, as SGLang and vLLM do
+        without calibration); returns what the start-up log says about them."""
+        found = self._checkpoint_kv_scales
+        if not is_fp8(self.kv_dtype):
+            return f" (checkpoint KV scales unused: {len(found)})" if found else ""
+        scales = {"k": [1.0] * self.kv_cache.num_layers, "v": [1.0] * self.kv_cache.num_layers}
+        for name, value in found.items():
+            match = KV_SCALE_NAME.search(name)
+            assert match is not None
+            index = model_config.kv_layer_index(int(match["layer"]))
+            if index is None or index >= self.kv_cache.num_layers:
+                raise ValueError(f"KV scale {name!r} names a layer without a KV cache")
+            scales[match["kv"]][index] = value
+        self.kv_cache.set_scales(scales["k"], scales["v"])
+        return f", {len(found)} KV scales from the checkpoint" if found else ", KV scales 1.0"
 
     def _num_pages(self) -> int:
         config = self.config
@@ -176,7 +213,7 @@ class Engine:
             return config.num_page_override
         mc = config.model_config
         kv_heads_local = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)
-        bytes_per_page = 2 * mc.head_dim * kv_heads_local * config.page_size * self.dtype.itemsize * mc.num_kv_layers
+        bytes_per_page = 2 * mc.head_dim * kv_heads_local * config.page_size * self.kv_dtype.itemsize * mc.num_kv_layers
         if is_cuda(self.device):
             free = self._sync_free_memory()  # after the weights: the same on every rank
             budget = int(free * config.memory_ratio)

@@ -10,18 +10,21 @@ import torch
 
 from ..env import ENV
 from .jit import load_cuda_kernels
-from .ref import indexing_ref, store_cache_ref
+from .ref import indexing_ref, is_fp8, store_cache_ref
 
 
 def store_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor) -> None:
+                v: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Write K/V rows [L, ...] into the caches (viewed as [num_slots, -1]) at the token slots ``indices`` [L].
-    Duplicate slots are not allowed."""
+    Duplicate slots are not allowed. An fp8 cache stores ``k / k_scale`` and ``v / v_scale``, saturated (one
+    CUDA kernel converts as it scatters); caches of the rows' own dtype get a plain copy."""
     module = load_cuda_kernels() if k_cache.is_cuda else None
-    if module is None:
-        store_cache_ref(k_cache, v_cache, indices, k, v)
-    else:
+    if module is not None and k_cache.dtype == k.dtype:
         module.store_cache(k_cache, v_cache, indices, k, v)
+    elif module is not None and is_fp8(k_cache.dtype):
+        module.store_cache_fp8(k_cache, v_cache, indices, k, v, k_scale, v_scale)
+    else:
+        store_cache_ref(k_cache, v_cache, indices, k, v, k_scale, v_scale)
 
 
 def indexing(weights: torch.Tensor, indices: torch.Tensor, *, output: torch.Tensor | None = None,

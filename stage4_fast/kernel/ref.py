@@ -7,12 +7,49 @@ from typing import Tuple
 import torch
 
 
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """K or V rows as the pool stores them: ``x / scale`` rounded to ``dtype`` (to nearest, ties to even). fp8
+    saturates at its largest finite value (e4m3 448, e5m2 57344), as the GPU kernel's satfinite conversion does,
+    instead of overflowing to NaN / inf."""
+    if x.dtype == dtype and scale == 1.0:
+        return x
+    y = x.float() / scale if scale != 1.0 else x.float()
+    if is_fp8(dtype):
+        limit = torch.finfo(dtype).max
+        y = y.clamp(-limit, limit)
+    return y.to(dtype)
+
+
+def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Stored K or V rows back in the compute dtype: ``x * scale``."""
+    y = x.to(dtype)
+    return y * scale if scale != 1.0 else y
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    # torch's scatter/gather kernels do not cover the fp8 dtypes everywhere; their bytes move as uint8
+    return t.view(torch.uint8) if is_fp8(t.dtype) else t
+
+
+def gather_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``cache[slots]`` (rows of the first dimension), for any storage dtype."""
+    return _as_bytes(cache)[slots].view(cache.dtype)
+
+
 def store_cache_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor) -> None:
-    """Scatter per-token K/V rows into the caches at token slots ``indices`` (caches seen as [num_slots, -1])."""
+                    v: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Scatter per-token K/V rows into the caches at token slots ``indices`` (caches seen as [num_slots, -1]),
+    converted to the caches' dtype (``quantize_kv``: divided by the scale, fp8 saturating)."""
     num_tokens = indices.shape[0]
-    k_cache.view(k_cache.shape[0], -1)[indices] = k.reshape(num_tokens, -1)
-    v_cache.view(v_cache.shape[0], -1)[indices] = v.reshape(num_tokens, -1)
+    if num_tokens == 0:  # (as the CUDA kernel; a [0, -1] reshape would be ambiguous)
+        return
+    for cache, rows, scale in ((k_cache, k, k_scale), (v_cache, v, v_scale)):
+        stored = quantize_kv(rows.reshape(num_tokens, -1), scale, cache.dtype)
+        _as_bytes(cache.view(cache.shape[0], -1))[indices] = _as_bytes(stored)
 
 
 def indexing_ref(weights: torch.Tensor, indices: torch.Tensor, output: torch.Tensor | None = None,
@@ -34,10 +71,10 @@ def indexing_ref(weights: torch.Tensor, indices: torch.Tensor, output: torch.Ten
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                         table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                        sm_scale: float) -> torch.Tensor:
+                        sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of ragged queries against the token-slot paged cache, one request at a time in fp32.
-    q [T, Hq, D]; k_cache/v_cache [num_slots, Hkv, D]; query i of request b sits at position
-    ``seq_lens[b] - q_len_b + i``. Decode is the case q_len_b == 1."""
+    q [T, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] in any storage dtype, read as ``stored * scale``; query i
+    of request b sits at position ``seq_lens[b] - q_len_b + i``. Decode is the case q_len_b == 1."""
     out = torch.empty_like(q)
     group = q.shape[1] // k_cache.shape[1]
     cu = cu_seqlens_q.tolist()
@@ -45,8 +82,10 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q_b = q[cu[b]:cu[b + 1]].float().transpose(0, 1)  # [Hq, L, D]
         q_len = q_b.shape[1]
         slots = page_table[row, :seq_len].long()
-        k = k_cache[slots].float().transpose(0, 1).repeat_interleave(group, 0)  # [Hq, S, D]
-        v = v_cache[slots].float().transpose(0, 1).repeat_interleave(group, 0)
+        k = dequantize_kv(gather_rows(k_cache, slots), k_scale, torch.float32)
+        v = dequantize_kv(gather_rows(v_cache, slots), v_scale, torch.float32)
+        k = k.transpose(0, 1).repeat_interleave(group, 0)  # [Hq, S, D]
+        v = v.transpose(0, 1).repeat_interleave(group, 0)
         scores = (q_b @ k.transpose(1, 2)) * sm_scale
         pos_q = torch.arange(seq_len - q_len, seq_len, device=q.device).unsqueeze(1)
         scores.masked_fill_(torch.arange(seq_len, device=q.device).unsqueeze(0) > pos_q, float("-inf"))

@@ -10,6 +10,10 @@ request's KV never has to be contiguous and nothing is gathered on the host.
 * prefill (extend): ragged queries with a cached prefix, causal. Grid (batch, q_head, query block); query row i
   of request b sits at position ``seq_len - extend_len + i`` and sees keys up to that position.
 
+An fp8 pool (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) is read as it is stored: the kernels load the fp8
+rows (half the bytes of bf16, which is what a decode step is bound by) and convert them to the query's dtype in
+registers; the per-layer K scale is folded into the softmax scale and the V scale multiplies the output.
+
 Both run under ``TRITON_INTERPRET=1`` on a CPU (the tests do that), where fp32 dots are exact; on a GPU fp32 dots
 use IEEE precision rather than TF32 so fp32 runs stay token-for-token with HF.
 """
@@ -43,6 +47,7 @@ def _attend_key_block(
     slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = k.to(q.dtype)  # a no-op unless the pool stores another dtype (fp8)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -50,7 +55,8 @@ def _attend_key_block(
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    v = v.to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -69,7 +75,7 @@ def _decode_split_kernel(
     Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    sm_scale, num_splits,
+    sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -103,6 +109,7 @@ def _decode_split_kernel(
         )
 
     out_mask = h_mask[:, None] & d_mask[None, :]
+    acc = acc * v_scale  # the V scale of an fp8 pool (1.0 otherwise); merging the splits is linear in it
     if DIRECT:  # a single split: its result is final
         out = acc / l_i[:, None]
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
@@ -143,7 +150,7 @@ def _decode_combine_kernel(
 def _prefill_kernel(
     Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
-    sm_scale,
+    sm_scale, v_scale,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -180,7 +187,7 @@ def _prefill_kernel(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
             stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION,
         )
-    out = acc / l_i[:, None]
+    out = acc / l_i[:, None] * v_scale
     tl.store(Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -212,11 +219,12 @@ def decode_attention(
     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D]; page_table [rows, width] int32 token slots;
-    table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D] / ``mid_lse`` [B', Hq, S'] fp32 scratch may be
-    passed in (fixed buffers for CUDA graphs). block_n / num_warps / num_stages override the GPU launch defaults
-    (benchmarks)."""
+    """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
+    v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
+    / ``mid_lse`` [B', Hq, S'] fp32 scratch may be passed in (fixed buffers for CUDA graphs). block_n / num_warps /
+    num_stages override the GPU launch defaults (benchmarks)."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -246,7 +254,7 @@ def decode_attention(
         q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
-        sm_scale, num_splits,
+        sm_scale * k_scale, v_scale, num_splits,
         GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
         DOT_PRECISION=_dot_precision(q.dtype), **launch,
     )
@@ -261,10 +269,10 @@ def decode_attention(
 def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_seqlen_q: int,
-    sm_scale: float, out: torch.Tensor | None = None,
+    sm_scale: float, out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """q [T, Hq, D] (ragged, ``cu_seqlens_q`` [B+1]); K/V of this step must already be in the cache; seq_lens
-    [B] = cached prefix + extend length."""
+    """q [T, Hq, D] (ragged, ``cu_seqlens_q`` [B+1]); K/V of this step must already be in the cache (q's dtype,
+    or fp8 read as stored value x k_scale / v_scale); seq_lens [B] = cached prefix + extend length."""
     total, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     batch = table_idx.shape[0]
@@ -279,7 +287,7 @@ def prefill_attention(
         q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
-        sm_scale,
+        sm_scale * k_scale, v_scale,
         GROUP=num_qo_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
     )

@@ -6,6 +6,7 @@ import torch
 
 from ..utils import Registry
 from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache, InsertResult, MatchResult, SizeInfo
+from .dtype import KV_CACHE_DTYPE_CHOICES, KV_CACHE_DTYPES, kv_cache_dtype_name, resolve_kv_cache_dtype
 from .mha_pool import MHAKVCache
 from .naive_cache import NaivePrefixCache
 from .radix_cache import RadixPrefixCache
@@ -15,16 +16,19 @@ if TYPE_CHECKING:
 
 
 def create_kvcache_pool(
-    model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device
+    model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device,
+    kv_dtype: torch.dtype | None = None,
 ) -> BaseKVCachePool:
+    """A pool for the model's KV layers; ``kv_dtype`` is what it stores (default: the model's ``dtype``)."""
     return MHAKVCache(
         num_kv_heads=model_config.num_kv_heads,
         num_layers=model_config.num_kv_layers,
         head_dim=model_config.head_dim,
         num_pages=num_pages,
         page_size=page_size,
-        dtype=dtype,
+        dtype=dtype if kv_dtype is None else kv_dtype,
         device=device,
+        compute_dtype=dtype,
     )
 
 
@@ -43,6 +47,8 @@ __all__ = [
     "BaseKVCachePool",
     "BasePrefixCache",
     "InsertResult",
+    "KV_CACHE_DTYPES",
+    "KV_CACHE_DTYPE_CHOICES",
     "MHAKVCache",
     "MatchResult",
     "NaivePrefixCache",
@@ -51,4 +57,6 @@ __all__ = [
     "SizeInfo",
     "create_kvcache_pool",
     "create_prefix_cache",
+    "kv_cache_dtype_name",
+    "resolve_kv_cache_dtype",
 ]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import List, NamedTuple
 
 import torch
 
@@ -24,7 +24,14 @@ class BaseKVCachePool(ABC):
 
     @property
     @abstractmethod
-    def dtype(self) -> torch.dtype: ...
+    def dtype(self) -> torch.dtype:
+        """What the pool stores (``--kv-cache-dtype``)."""
+
+    # what the model hands to store_kv and the attention computes in (the model's dtype)
+    compute_dtype: torch.dtype
+    # per-layer scales of an fp8 pool: stored = value / scale (1.0 unless the checkpoint carries scales)
+    k_scales: List[float]
+    v_scales: List[float]
 
     @property
     @abstractmethod

@@ -63,6 +63,12 @@ class ModelConfig:
         """Layers that keep K/V in the paged pool (a hybrid model's linear layers keep a state instead)."""
         return self.num_layers if self.linear_attn is None else self.linear_attn.num_full_layers
 
+    def kv_layer_index(self, layer: int) -> int | None:
+        """Decoder layer ``layer``'s index in the KV pool; None for a hybrid model's linear-attention layers."""
+        if self.linear_attn is None:
+            return layer
+        return None if self.linear_attn.is_linear(layer) else self.linear_attn.sub_index(layer)
+
     @property
     def is_moe(self) -> bool:
         return "moe" in self.model_type

@@ -74,6 +74,23 @@ def _fused_key(key: str) -> Tuple[str, int] | None:
     return None
 
 
+# Per-layer KV-cache scales of fp8 checkpoints (one float each), under the names vLLM and SGLang load:
+# `self_attn.k_scale` (ModelOpt, llm-compressor), `self_attn.attn.k_scale`, `self_attn.k_proj.output_scale`
+# (compressed-tensors); all are yielded as `<prefix>layers.<i>.self_attn.k_scale` / `v_scale`, unsharded.
+_KV_SCALE_ALIAS = re.compile(
+    r"^(?P<prefix>.*layers\.\d+\.self_attn)\.(?:attn\.(?P<a>[kv])_scale|(?P<b>[kv])_proj\.output_scale|(?P<c>[kv])_scale)$"
+)
+KV_SCALE_NAME = re.compile(r"layers\.(?P<layer>\d+)\.self_attn\.(?P<kv>[kv])_scale$")
+
+
+def kv_scale_name(name: str) -> str | None:
+    """The canonical name of a KV-cache scale tensor, or None for any other tensor."""
+    match = _KV_SCALE_ALIAS.match(name)
+    if match is None:
+        return None
+    return f"{match['prefix']}.{match['a'] or match['b'] or match['c']}_scale"
+
+
 _EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<idx>\d+)\.(?P<name>.+?)(?:\.weight)?$")
 
 
@@ -118,6 +135,9 @@ def _load_fused(model_path: str, device: torch.device, num_kv_heads: int) -> Ite
                     if key.startswith(("vision_tower.", "multi_modal_projector.")):
                         continue
                     name = key.replace("language_model.", "", 1) if key.startswith("language_model.") else key
+                    if (scale_name := kv_scale_name(name)) is not None:  # a scalar: every rank keeps it whole
+                        yield scale_name, f.get_tensor(key)
+                        continue
                     tensor = _shard_tensor(name, f.get_tensor(key), tp.rank, tp.size, num_kv_heads)
                     fused = _fused_key(name)
                     if fused is None:

@@ -10,7 +10,9 @@ from typing import List, Tuple
 
 import torch
 
+from ..attention import kv_cache_dtype_problem
 from ..distributed import DistributedInfo
+from ..kvcache import resolve_kv_cache_dtype
 from ..scheduler.config import SchedulerConfig
 from ..utils.hf import cached_load_hf_config, tp_split_problem
 from .cli import DTYPES, build_parser, prog_name
@@ -167,6 +169,10 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     if tp > 1 and (why := tp_split_problem(model_path, tp)):
         parser.error(f"--tp {tp}: {why}")  # a readable message now, not an assertion in a rank's start-up
     dtype = _resolve_dtype(model_path, kwargs.pop("dtype"))
+    kv_dtype = resolve_kv_cache_dtype(kwargs["kv_cache_dtype"], dtype)
+    backend = kwargs["attention_backend"]
+    if backend != "auto" and (why := kv_cache_dtype_problem(backend, dtype, kv_dtype)):
+        parser.error(f"--kv-cache-dtype {kwargs['kv_cache_dtype']}: {why}")
     server_args = ServerArgs(model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype,
                              served_model_name=served, model_aliases=aliases, **kwargs)
     return server_args, shell

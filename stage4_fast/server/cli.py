@@ -16,6 +16,7 @@ from typing import List, NoReturn
 import torch
 
 from ..attention import SUPPORTED_ATTENTION_BACKENDS, validate_attn_backend
+from ..kvcache import KV_CACHE_DTYPE_CHOICES
 from ..moe import SUPPORTED_MOE_BACKENDS
 
 DEFAULT_PROG = "python -m stage4_fast"
@@ -182,6 +183,9 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
                    default="auto", metavar="NAME",
                    help=f"auto, one of {attn}, or PREFILL,DECODE (e.g. fa,fi); auto = triton on a GPU (fa,triton "
                         f"with FlashAttention 4 on sm90+), torch on CPU")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
+                   help="what the KV cache stores: auto = the model's dtype; fp8 halves a 16-bit model's bytes per "
+                        "token (per-layer scales from the checkpoint, else 1.0)")
     g.add_argument("--moe-backend", choices=["auto", *SUPPORTED_MOE_BACKENDS.supported_names()], default="auto",
                    help=f"MoE models: one of {moe}; auto = fused on a GPU, torch on CPU")
     g.add_argument("--cuda-graph-max-bs", "--graph", dest="cuda_graph_max_bs", type=_non_negative_int,

@@ -17,7 +17,7 @@ import torch
 from stage4_fast.attention import create_attention_backend, validate_attn_backend
 from stage4_fast.attention.base import HybridBackend
 from stage4_fast.core import Batch, Context, Req, SamplingParams, set_global_ctx
-from stage4_fast.kernel.ref import paged_attention_ref
+from stage4_fast.kernel.ref import gather_rows, paged_attention_ref, quantize_kv, store_cache_ref
 from stage4_fast.kvcache import MHAKVCache
 
 NUM_QO, NUM_KV, HEAD_DIM = 4, 2, 16
@@ -34,14 +34,18 @@ class World:
     """A context with a KV pool and page table; requests own random (non-contiguous) pages."""
 
     def __init__(self, page_size: int, num_pages: int = 64, rows: int = 8, width: int = 128, seed: int = 0,
-                 device: str = "cpu", dtype: torch.dtype = torch.float32, head_dim: int = HEAD_DIM):
+                 device: str = "cpu", dtype: torch.dtype = torch.float32, head_dim: int = HEAD_DIM,
+                 kv_dtype: torch.dtype | None = None, kv_scales: tuple[float, float] | None = None):
         self.gen = torch.Generator().manual_seed(seed)
         self.page_size = page_size
         self.device, self.dtype, self.head_dim = torch.device(device), dtype, head_dim
         self.config = FakeModelConfig(head_dim=head_dim)
         self.ctx = Context(page_size=page_size)
         set_global_ctx(self.ctx)
-        self.kv = self.ctx.kv_cache = MHAKVCache(NUM_KV, 1, head_dim, num_pages + 1, page_size, dtype, self.device)
+        self.kv = self.ctx.kv_cache = MHAKVCache(NUM_KV, 1, head_dim, num_pages + 1, page_size, kv_dtype or dtype,
+                                                 self.device, compute_dtype=dtype)
+        if kv_scales is not None:  # an fp8 pool's per-layer scales
+            self.kv.set_scales([kv_scales[0]], [kv_scales[1]])
         self.ctx.page_table = torch.zeros(rows + 1, width, dtype=torch.int32, device=self.device)
         self.dummy_slot = num_pages * page_size
         self.ctx.page_table[rows].fill_(self.dummy_slot)
@@ -61,8 +65,8 @@ class World:
         k, v = self.slots()
         prefix = slots[:cached_len].to(self.device)
         shape = (cached_len, NUM_KV, self.head_dim)
-        k[prefix] = torch.randn(shape, generator=self.gen).to(self.device, self.dtype)
-        v[prefix] = torch.randn(shape, generator=self.gen).to(self.device, self.dtype)
+        k_new, v_new = (torch.randn(shape, generator=self.gen).to(self.device, self.dtype) for _ in range(2))
+        store_cache_ref(k, v, prefix, k_new, v_new, self.kv.k_scales[0], self.kv.v_scales[0])
         req = Req(torch.zeros(device_len, dtype=torch.int32), row, 0, 4, uid=row, sampling_params=SamplingParams())
         req.cached_len = cached_len
         return req
@@ -88,7 +92,13 @@ class World:
         reqs = batch.padded_reqs
         cu = torch.tensor([0] + [r.extend_len for r in reqs]).cumsum(0).to(torch.int32)
         return paged_attention_ref(q, k, v, self.ctx.page_table, torch.tensor([r.table_idx for r in reqs]), cu,
-                                   torch.tensor([r.device_len for r in reqs]), self.head_dim**-0.5)
+                                   torch.tensor([r.device_len for r in reqs]), self.head_dim**-0.5,
+                                   self.kv.k_scales[0], self.kv.v_scales[0])
+
+    def stored(self, rows: torch.Tensor, which: int) -> torch.Tensor:
+        """K (0) or V (1) rows as the pool stores them."""
+        scale = (self.kv.k_scales, self.kv.v_scales)[which][0]
+        return quantize_kv(rows, scale, self.kv.dtype)
 
 
 def check_prefill(world: World, backend: str, atol: float = 1e-5) -> None:
@@ -99,7 +109,9 @@ def check_prefill(world: World, backend: str, atol: float = 1e-5) -> None:
     q, k, v = world.qkv(batch.out_loc.shape[0])
     out = attn.forward(q, k, v, 0, batch)
     k_slots, v_slots = world.slots()
-    assert torch.equal(k_slots[batch.out_loc.long()], k) and torch.equal(v_slots[batch.out_loc.long()], v)
+    loc = batch.out_loc.long()
+    for stored, new, which in ((k_slots, k, 0), (v_slots, v, 1)):
+        assert torch.equal(gather_rows(stored, loc).float(), world.stored(new, which).float())
     torch.testing.assert_close(out, world.reference(q, batch), atol=atol, rtol=atol)
     cu = torch.tensor([0, 9, 17, 18, 19])
     assert torch.equal(batch.attn_metadata.get_last_indices(4).cpu().long(), cu[1:] - 1)
@@ -163,6 +175,18 @@ def test_graph_hooks_replay_reads_only_the_capture_buffers(backend, libs):
     check_graph_hooks(World(page_size=2), backend)
 
 
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+@pytest.mark.parametrize("kv", FP8)
+@pytest.mark.parametrize("backend", ["torch", "triton", "fi"])
+def test_fp8_pool_read_as_stored_times_scale(backend, kv, libs):
+    """An fp8 pool with per-layer scales (not 1.0, so a forgotten scale shows): every backend that reads fp8
+    stores each K/V row as quantize_kv gives it and attends as the fp32 reference over ``stored * scale``."""
+    for check in (check_prefill, check_decode, check_graph_hooks):
+        check(World(page_size=2, kv_dtype=FP8[kv], kv_scales=(0.5, 2.0)), backend)
+
+
 def test_hybrid_backend_dispatches_by_phase_and_graphs_go_to_decode(libs):
     fi, fa = libs
     world = World(page_size=1)
@@ -186,7 +210,8 @@ def test_flashinfer_sees_page_size_one_whatever_the_engine_page_size(libs):
     batch = world.batch([world.add_req(0, 5)], "prefill")
     attn.prepare_metadata(batch)
     attn.forward(*world.qkv(5), 0, batch)
-    assert fi.calls == [("prefill", dict(causal=True, page_size=1, q_data_type=torch.float32))]
+    assert fi.calls == [("prefill", dict(causal=True, page_size=1, q_data_type=torch.float32,
+                                         kv_data_type=torch.float32))]
     assert torch.equal(batch.attn_metadata.indices, world.ctx.page_table[0, :5])
 
 
