@@ -200,7 +200,7 @@ def load_adapter(engine: str, model: str, device: torch.device, dtype: torch.dty
 SERVER_FLAGS = {  # option -> CLI flag of `python -m <stage>`
     "tp": "--tp", "page_size": "--page-size", "cache_type": "--cache-type",
     "max_extend_tokens": "--max-prefill-length", "cuda_graph_max_bs": "--cuda-graph-max-bs",
-    "attention_backend": "--attention-backend",
+    "attention_backend": "--attention-backend", "kv_cache_dtype": "--kv-cache-dtype",
 }
 
 

@@ -1,13 +1,14 @@
 """Triton decode-attention launch sweep on a GPU at the upstream workload's real shapes and slot layout (one layer).
 
-    python -m bench decode-sweep [--json out.json]
+    python -m bench decode-sweep [--json out.json] [--kv-dtype fp8_e4m3]
 
 Layout as the engine allocates with page size 1: each prompt's slots contiguous, in admission order, then every
 decode step takes one slot per running request from the front of the free list (so decode tokens interleave).
 Shapes: the running requests at decode steps 200, 600 and 950 (Qwen3-0.6B: 16 q heads, 8 KV heads, dim 128, bf16).
 Prints the fastest launch configurations (block of keys, warps, stages, split count) per shape in TB/s of KV read,
 the best configuration summed over the three shapes, and the fused q/k norm + RoPE kernel's time at batch 224.
-This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (bench/gpu_notes.md).
+This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (bench/gpu_notes.md);
+``--kv-dtype fp8_e4m3`` sweeps the same shapes over an fp8 KV cache (DECODE_LAUNCH_FP8), bytes counted as stored.
 """
 import argparse
 import functools
@@ -28,7 +29,11 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench decode-sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None, help="write every timing here (with the run's date, commit, versions)")
+    ap.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3", "fp8_e5m2"],
+                    help="what the KV cache stores")
     args = ap.parse_args(argv)
+    kv_dtype = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[
+        args.kv_dtype]
 
     dev = "cuda"
     w = offline_upstream()
@@ -39,8 +44,8 @@ def main(argv: list[str]) -> int:
     starts = [sum(P[:i]) for i in range(len(P))]
     max_step = 1024
     slots_needed = total_p + 256 * (max_step + 1)
-    k = torch.randn(slots_needed, HKV, D, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(slots_needed, HKV, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(slots_needed, HKV, D, device=dev, dtype=torch.bfloat16).to(kv_dtype)
+    v = torch.randn(slots_needed, HKV, D, device=dev, dtype=torch.bfloat16).to(kv_dtype)
     width = 40960
     page_table = torch.zeros(257, width, dtype=torch.int32, device=dev)
     for i in range(256):
@@ -52,16 +57,19 @@ def main(argv: list[str]) -> int:
         lens = [P[i] + step + 1 for i in running]
         return running, lens
 
-    current = (ta.DECODE_BLOCK_N, ta.DECODE_NUM_WARPS, ta.DECODE_NUM_STAGES)  # the engine's launch now
+    current = ta.decode_launch(torch.bfloat16, kv_dtype)  # the engine's launch now
     results = []
-    configs = list(itertools.product([32, 64, 128], [2, 4, 8], [2, 3, 4]))
+    if kv_dtype.itemsize == 1:  # fp8 tiles are half as large: larger key blocks fit
+        configs = list(itertools.product([64, 128, 256], [4, 8], [2, 3, 4]))
+    else:
+        configs = list(itertools.product([32, 64, 128], [2, 4, 8], [2, 3, 4]))
     for step in (200, 600, 950):
         running, lens = shape(step)
         bs = len(running)
         tidx = torch.tensor(running, dtype=torch.int32, device=dev)
         seq = torch.tensor(lens, dtype=torch.int32, device=dev)
         q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
-        nbytes = sum(lens) * HKV * D * 2 * 2
+        nbytes = sum(lens) * HKV * D * 2 * kv_dtype.itemsize
         base_splits = ta.decode_num_splits(bs, HKV, 16, 132)
         split_opts = sorted({base_splits, 1, 2 * base_splits, 4 * base_splits} & set(range(1, 17)))
         for splits in split_opts:

@@ -133,6 +133,10 @@ def ablation_rows(results: dict) -> list[dict]:
             out[-1]["effect"] += f"; single-stream decode {x['tok_s']:,.0f} → {y['tok_s']:,.0f} tok/s"
     if "abl:attn:triton" in results["jobs"]:
         throughput("attention backend", "abl:attn:triton", "abl:attn:fi", "offline", "triton", "fi")
+    if "abl:kv:auto" in results["jobs"]:
+        throughput("KV cache dtype", "abl:kv:auto", "abl:kv:fp8_e4m3", "offline", "bf16 (auto)", "fp8_e4m3")
+        throughput("KV cache dtype (server burst)", "abl:kv:auto", "abl:kv:fp8_e4m3", "serve_offline", "bf16 (auto)",
+                   "fp8_e4m3")
     if "abl:tp:1" in results["jobs"]:
         throughput("tensor parallel (server)", "abl:tp:1", "abl:tp:2", "serve_offline", "TP 1", "TP 2")
     for name, label in (("radix", "radix cache, page 1"), ("page16", "radix cache, page 16"),

@@ -99,6 +99,9 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             # whose vocabulary is the tokenizer's, so every token streams text)
             jobs += [Job("abl:burst:offline", "stage4_fast", ["offline"], {}, BURST_MODEL),
                      Job("abl:burst:served", "stage4_fast", ["serve_offline"], {}, BURST_MODEL)]
+            # the KV cache in the model's dtype (bf16) vs fp8: offline, and the same burst through the server
+            jobs += [Job(f"abl:kv:{kv}", "stage4_fast", ["offline", "serve_offline"], {"kv_cache_dtype": kv})
+                     for kv in ("auto", "fp8_e4m3")]
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")
@@ -190,8 +193,8 @@ def main(argv: list[str]) -> int:
                     help="stage the ablations run on (default: the newest stage2+ in the run)")
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--ablations", nargs="+", default=None, metavar="NAME",
-                    help="run only these ablation groups: radix chunked overlap page graph attn tp warm burst "
-                         "(default: all; warm and burst on a GPU)")
+                    help="run only these ablation groups: radix chunked overlap page graph attn kv tp "
+                         "warm burst (default: all; kv, warm and burst on a GPU)")
     ap.add_argument("--no-serve", action="store_true", help="skip the server jobs (TTFT / ITL at 1 and 16 clients)")
     ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
     ap.add_argument("--out", type=Path, default=meta.LOCAL,

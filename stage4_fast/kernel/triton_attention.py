@@ -209,9 +209,20 @@ DECODE_BLOCK_N = 128
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
 DECODE_LAUNCH_FP32 = (64, 4, 3)  # fp32 K/V tiles are twice as large: 128-key blocks would not fit shared memory
+# an fp8 KV cache under 16-bit queries (python -m bench.gpu_decode_sweep --kv-dtype fp8_e4m3)
+DECODE_LAUNCH_FP8 = (128, 4, 2)
 # split-K target: about this many programs per SM (batch x KV heads x splits); the same sweep found ~1,500
 # programs on 132 SMs best at every batch size (batch 23: 8 splits, 2.61 TB/s, where 2 splits gave 1.82 TB/s)
 DECODE_PROGRAMS_PER_SM = 11
+
+
+def decode_launch(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int, int]:
+    """(key block, warps, stages) of the decode kernel on a GPU for these query / KV-cache dtypes."""
+    if q_dtype == torch.float32:
+        return DECODE_LAUNCH_FP32
+    if kv_dtype.itemsize == 1:
+        return DECODE_LAUNCH_FP8
+    return DECODE_BLOCK_N, DECODE_NUM_WARPS, DECODE_NUM_STAGES
 
 
 def decode_attention(
@@ -235,7 +246,7 @@ def decode_attention(
         return out
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))
-    dflt = DECODE_LAUNCH_FP32 if q.dtype == torch.float32 else (DECODE_BLOCK_N, DECODE_NUM_WARPS, DECODE_NUM_STAGES)
+    dflt = decode_launch(q.dtype, k_cache.dtype)
     block_n = 16 if _interpreting() else (block_n or dflt[0])
     launch = {} if _interpreting() else dict(num_warps=num_warps or dflt[1], num_stages=num_stages or dflt[2])
     direct = num_splits == 1

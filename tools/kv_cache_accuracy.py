@@ -1,0 +1,195 @@
+"""What storing the KV cache in fewer bits costs in accuracy (stage4_fast ``--kv-cache-dtype``), against the same
+engine with a full-precision KV cache.
+
+CPU (default): SmolLM2-135M-Instruct with fp32 weights, the torch attention backend, 32 text prompts x 64 greedy
+tokens. Reference: the fp32 KV cache (``auto``). For bfloat16, fp8_e4m3 and fp8_e5m2 KV:
+  * free-running greedy: token agreement (share of the 32 x 64 output positions equal to the reference's), prompts
+    whose 64 tokens are all equal, and the mean step of the first difference;
+  * teacher-forced on the reference's tokens (so every step compares logits of the same context): relative L2
+    of the logits per step (mean / p99 / max), the largest |logit difference|, argmax agreement on all steps and
+    on clear steps (reference top-2 gap above ``--clear-gap``), and the smallest reference top-2 gap among the
+    steps whose argmax changed (a change needs a gap below twice the largest logit difference).
+
+GPU (``--gpu``): the Qwen3-0.6B shape (random bf16 weights, ``python -m models make qwen3-0.6b-shape --device
+cuda``). Reference: the bf16 KV cache, teacher-forced on HF bf16's greedy tokens (and HF's own logits, for scale);
+fp8_e4m3 / fp8_e5m2 KV through each ``--backends`` entry, CUDA graphs on.
+
+Writes ``bench/results/<cpu|h200>-kv-cache.{json,md}`` (``--out`` elsewhere).
+
+    python tools/kv_cache_accuracy.py                         # CPU, ~4 min on 2 cores
+    python tools/kv_cache_accuracy.py --gpu --backends triton fi
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SUBJECTS = ["the moon", "photosynthesis", "a lighthouse keeper", "binary search", "the French revolution",
+            "volcanoes", "a chess tournament", "rainforests"]
+TEMPLATES = ["Explain {} in simple terms.", "Write a short story about {}.", "List three facts about {}:",
+             "Here is a poem about {}:\n"]
+PROMPTS = [t.format(s) for s in SUBJECTS for t in TEMPLATES]  # 32 prompts
+GROUP = 8  # requests per teacher-forced engine run
+
+
+def teacher_forced(path: Path, prompts: list[list[int]], forced: list[list[int]], **config) -> torch.Tensor:
+    from stage4_fast.tests.teacher_forcing import stage_logits
+
+    parts = [stage_logits(path, prompts[i:i + GROUP], forced[i:i + GROUP], **config)
+             for i in range(0, len(prompts), GROUP)]
+    return torch.cat(parts)
+
+
+def logit_stats(logits: torch.Tensor, ref: torch.Tensor, clear_gap: float) -> dict:
+    """Per-step distance of ``logits`` from ``ref`` ([prompts, steps, vocab] fp32)."""
+    rel = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).flatten()
+    top2 = ref.topk(2, dim=-1).values
+    gap = (top2[..., 0] - top2[..., 1]).flatten()
+    same = (logits.argmax(-1) == ref.argmax(-1)).flatten()
+    clear = gap > clear_gap
+    changed_gaps = gap[~same]
+    return {
+        "steps": rel.numel(),
+        "rel_l2_mean": rel.mean().item(),
+        "rel_l2_p99": rel.quantile(0.99).item(),
+        "rel_l2_max": rel.max().item(),
+        "max_abs_logit_diff": (logits - ref).abs().max().item(),
+        "argmax_agreement": same.float().mean().item(),
+        "clear_gap": clear_gap,
+        "clear_steps": int(clear.sum()),
+        "argmax_agreement_clear": same[clear].float().mean().item() if clear.any() else float("nan"),
+        "min_gap_where_argmax_changed": changed_gaps.min().item() if changed_gaps.numel() else None,
+    }
+
+
+def token_stats(outputs: list[list[int]], ref: list[list[int]]) -> dict:
+    pairs = [(o, r) for o, r in zip(outputs, ref)]
+    equal = sum(a == b for o, r in pairs for a, b in zip(o, r))
+    total = sum(len(r) for r in ref)
+    first_diff = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r)) for o, r in pairs]
+    return {"token_agreement": equal / total, "prompts_identical": sum(o == r for o, r in pairs),
+            "prompts": len(pairs), "mean_first_difference_step": sum(first_diff) / len(first_diff)}
+
+
+def greedy(path: Path, prompts: list[list[int]], steps: int, **config) -> list[list[int]]:
+    from stage4_fast import LLM, SamplingParams
+
+    llm = LLM(str(path), **config)
+    try:
+        out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True),
+                           use_tqdm=False)
+    finally:
+        llm.shutdown()
+    return [list(r["token_ids"]) for r in out]
+
+
+def run_cpu(args: argparse.Namespace) -> dict:
+    from transformers import AutoTokenizer
+
+    import models
+
+    path = models.ensure("smollm2")
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [tok(p).input_ids for p in PROMPTS]
+    common = dict(dtype=torch.float32, attention_backend="torch")
+    ref_tokens = greedy(path, prompts, args.steps, **common, max_running_req=len(prompts))
+    ref_logits = teacher_forced(path, prompts, ref_tokens, **common)
+    rows = {}
+    for kv in args.kv:
+        t0 = time.perf_counter()
+        tokens = greedy(path, prompts, args.steps, **common, kv_cache_dtype=kv, max_running_req=len(prompts))
+        logits = teacher_forced(path, prompts, ref_tokens, **common, kv_cache_dtype=kv)
+        rows[kv] = {**token_stats(tokens, ref_tokens), **logit_stats(logits, ref_logits, args.clear_gap),
+                    "seconds": time.perf_counter() - t0}
+        print(kv, json.dumps(rows[kv]), flush=True)
+    return {"model": "SmolLM2-135M-Instruct (fp32 weights)", "reference": "fp32 KV cache (auto)",
+            "backend": "torch", "prompts": len(prompts), "steps": args.steps, "rows": rows}
+
+
+def run_gpu(args: argparse.Namespace) -> dict:
+    from stage4_fast.tests.teacher_forcing import hf_reference
+
+    path = ROOT / "models" / "qwen3-0.6b-shape"
+    prompts, forced, hf_logits = hf_reference(path, num_prompts=args.gpu_prompts, steps=args.steps)
+    graphs = dict(cuda_graph_max_bs=args.gpu_prompts)
+    rows = {}
+    for backend in args.backends:
+        common = dict(dtype=torch.bfloat16, attention_backend=backend, **graphs)
+        ref = teacher_forced(path, prompts, forced, **common)
+        rows[f"{backend} bf16 KV vs HF bf16"] = logit_stats(ref, hf_logits, args.clear_gap)
+        ref_tokens = greedy(path, prompts, args.steps, **common, max_running_req=len(prompts))
+        for kv in args.kv:
+            if kv == "bfloat16":
+                continue
+            t0 = time.perf_counter()
+            logits = teacher_forced(path, prompts, forced, **common, kv_cache_dtype=kv)
+            tokens = greedy(path, prompts, args.steps, **common, kv_cache_dtype=kv, max_running_req=len(prompts))
+            rows[f"{backend} {kv} vs bf16 KV"] = {**token_stats(tokens, ref_tokens),
+                                                  **logit_stats(logits, ref, args.clear_gap),
+                                                  "seconds": time.perf_counter() - t0}
+            print(backend, kv, json.dumps(rows[f"{backend} {kv} vs bf16 KV"]), flush=True)
+    return {"model": "Qwen3-0.6B shape (random bf16 weights)", "reference": "bf16 KV cache (auto), same backend",
+            "prompts": len(prompts), "steps": args.steps, "rows": rows}
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 100 else f"{v:,.1f}"
+    return str(v)
+
+
+def markdown(result: dict) -> str:
+    cols = ["token_agreement", "prompts_identical", "mean_first_difference_step", "rel_l2_mean", "rel_l2_p99",
+            "rel_l2_max", "max_abs_logit_diff", "argmax_agreement", "clear_steps", "argmax_agreement_clear",
+            "min_gap_where_argmax_changed"]
+    lines = [f"# KV cache dtype accuracy ({result['device']})", "",
+             f"`{result['command']}` — {result['date']}, {result['machine']}, torch {result['torch']}.", "",
+             f"Model: {result['model']}. Reference: {result['reference']}. {result['prompts']} prompts x "
+             f"{result['steps']} greedy tokens; logits teacher-forced on the reference's tokens. Clear step: "
+             f"reference top-2 logit gap > {result['clear_gap']}.", "",
+             "| KV cache | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name, row in result["rows"].items():
+        lines.append(f"| {name} | " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", action="store_true", help="the Qwen3-0.6B shape on a CUDA GPU, bf16")
+    ap.add_argument("--kv", nargs="+", default=["bfloat16", "fp8_e4m3", "fp8_e5m2"])
+    ap.add_argument("--backends", nargs="+", default=["triton"], help="GPU: attention backends to measure")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--gpu-prompts", type=int, default=16)
+    ap.add_argument("--clear-gap", type=float, default=None,
+                    help="logits; default 1.0 on the GPU model (logit std ~30, as test_gpu), 0.5 on SmolLM2")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    if args.clear_gap is None:
+        args.clear_gap = 1.0 if args.gpu else 0.5
+    torch.manual_seed(0)
+    result = run_gpu(args) if args.gpu else run_cpu(args)
+    device = torch.cuda.get_device_name() if args.gpu else "CPU"
+    result.update(device=device, clear_gap=args.clear_gap, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+                  torch=torch.__version__, command="python tools/kv_cache_accuracy.py " + " ".join(sys.argv[1:]))
+    stem = "h200-kv-cache" if args.gpu else "cpu-kv-cache"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
