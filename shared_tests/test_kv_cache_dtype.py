@@ -8,7 +8,7 @@ which needs a gap below twice the largest logit error. So: wherever a stage's ou
 HF's own top-2 gap at that step must be below ``GAP_BOUND[kv]``.
 
 The bounds are twice the largest |logit difference| that teacher forcing measured on SmolLM2 over 32 prompts x 64
-steps against the full-precision KV cache (``python tools/kv_cache_accuracy.py``; bench/results/cpu-kv-cache.md),
+steps against the full-precision KV cache (``python -m bench kv-accuracy``; bench/results/cpu-kv-cache.md),
 rounded up, plus a quarter for the order of fp32 sums, which differs from HF's.
 """
 

@@ -12,7 +12,10 @@
 # Modes: download | tests | bench | all (tests, then bench) | tp (2 GPUs: `python -m bench tp`, no new step after
 # TP_DEADLINE seconds, default 300) | tp8b (2 GPUs, the Qwen3-8B shape: TP 1 vs 2 throughput, teacher-forced logits,
 # all-reduce timing; TP8B_PARTS picks among "throughput logits allreduce", TP8B_SHAPES the throughput runs as
-# name:sequences, TP8B_SECONDS bounds them, default 570).
+# name:sequences, TP8B_SECONDS bounds them, default 570) | kv (the fp8 KV cache: KV_PARTS picks among "tests
+# accuracy sweep throughput": its GPU tests, `bench kv-accuracy` against a bf16 KV cache through KV_BACKENDS
+# (default triton), the fp8 decode-launch sweep, and the offline workload + server burst with kv_cache_dtype auto
+# and fp8_e4m3 into kv_throughput.jsonl; KV_SECONDS stops each part after that many seconds).
 # Environment: OUT = results folder (default /tmp/gpu_check): env.txt (date, GPU, driver, versions, commit),
 # gpu_tests.txt/.xml, bench.txt and the benchmark's results files, tp*.jsonl. PYTEST_K narrows the tests (pytest -k),
 # e.g. PYTEST_K=triton after a change to the Triton kernels. BENCH_ARGS replaces the benchmark's arguments (default:
@@ -122,7 +125,22 @@ case $MODE in
         allreduce) timeout 150 python3 -m bench tp-logits --parts allreduce --out "$out" || status=$? ;;
       esac
     done ;;
-  *) echo "usage: $0 download|tests|bench|all|tp|tp8b"; exit 2 ;;
+  kv) make_models || status=$?
+    for part in ${KV_PARTS:-tests accuracy throughput}; do
+      case $part in
+        tests) PYTEST_K=${PYTEST_K:-fp8} TESTS_TIMEOUT=${KV_SECONDS:-} run_tests || status=$? ;;
+        accuracy) maybe_timeout "${KV_SECONDS:-}" python3 -m bench kv-accuracy --gpu --out "$out" \
+                    --backends ${KV_BACKENDS:-triton} || status=$? ;;
+        sweep) maybe_timeout "${KV_SECONDS:-}" python3 -m bench decode-sweep --kv-dtype fp8_e4m3 \
+                 --json "$out/decode_sweep_fp8.json" || status=$? ;;
+        throughput) for kv in auto fp8_e4m3; do
+            maybe_timeout "${KV_SECONDS:-}" python3 -m bench worker --stage stage4_fast --gpu --json \
+              --task offline,serve_offline --model models/qwen3-0.6b-shape --options "{\"kv_cache_dtype\": \"$kv\"}" \
+              >> "$out/kv_throughput.jsonl" || status=$?
+          done ;;
+      esac
+    done ;;
+  *) echo "usage: $0 download|tests|bench|all|tp|tp8b|kv"; exit 2 ;;
 esac
 if [[ ${SAVE_JIT:-0} == 1 ]]; then
   (cd /tmp && tar czf - jit) | split -b 15m - "$out/jit.tgz." && echo "JIT cache saved to $out/jit.tgz.*"

@@ -1,6 +1,6 @@
 """``--kv-cache-dtype``: what the pool stores (rounding, saturation, scales), what it costs (bytes per token), where
 the scales come from (the checkpoint), and the start-up refusals. Accuracy end to end is the shared suite's
-``test_kv_cache_dtype.py`` and ``tools/kv_cache_accuracy.py``."""
+``test_kv_cache_dtype.py`` and ``python -m bench kv-accuracy``."""
 
 from __future__ import annotations
 

@@ -14,25 +14,22 @@ GPU (``--gpu``): the Qwen3-0.6B shape (random bf16 weights, ``python -m models m
 cuda``). Reference: the bf16 KV cache, teacher-forced on HF bf16's greedy tokens (and HF's own logits, for scale);
 fp8_e4m3 / fp8_e5m2 KV through each ``--backends`` entry, CUDA graphs on.
 
-Writes ``bench/results/<cpu|h200>-kv-cache.{json,md}`` (``--out`` elsewhere).
+Writes ``<machine>-kv-cache.{json,md}`` (``cpu``, ``h200``, ...) into bench/local/, or ``--out``:
 
-    python tools/kv_cache_accuracy.py                         # CPU, ~4 min on 2 cores
-    python tools/kv_cache_accuracy.py --gpu --backends triton fi
+    python -m bench kv-accuracy --out bench/results             # CPU, ~15 min on 2 busy cores
+    python -m bench kv-accuracy --gpu --backends triton fi --out bench/results
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from . import meta
 
 SUBJECTS = ["the moon", "photosynthesis", "a lighthouse keeper", "binary search", "the French revolution",
             "volcanoes", "a chess tournament", "rainforests"]
@@ -98,7 +95,7 @@ def run_cpu(args: argparse.Namespace) -> dict:
 
     import models
 
-    path = models.ensure("smollm2")
+    path = models.ensure("smollm2")  # (the bench package runs from the repository root, where models/ lives)
     tok = AutoTokenizer.from_pretrained(path)
     prompts = [tok(p).input_ids for p in PROMPTS]
     common = dict(dtype=torch.float32, attention_backend="torch")
@@ -119,7 +116,7 @@ def run_cpu(args: argparse.Namespace) -> dict:
 def run_gpu(args: argparse.Namespace) -> dict:
     from stage4_fast.tests.teacher_forcing import hf_reference
 
-    path = ROOT / "models" / "qwen3-0.6b-shape"
+    path = meta.ROOT / "models" / "qwen3-0.6b-shape"
     prompts, forced, hf_logits = hf_reference(path, num_prompts=args.gpu_prompts, steps=args.steps)
     graphs = dict(cuda_graph_max_bs=args.gpu_prompts)
     rows = {}
@@ -154,8 +151,8 @@ def markdown(result: dict) -> str:
     cols = ["token_agreement", "prompts_identical", "mean_first_difference_step", "rel_l2_mean", "rel_l2_p99",
             "rel_l2_max", "max_abs_logit_diff", "argmax_agreement", "clear_steps", "argmax_agreement_clear",
             "min_gap_where_argmax_changed"]
-    lines = [f"# KV cache dtype accuracy ({result['device']})", "",
-             f"`{result['command']}` — {result['date']}, {result['machine']}, torch {result['torch']}.", "",
+    lines = [f"# KV cache dtype accuracy ({result['hardware']})", "",
+             f"`{result['command']}` — {result['date']}, code {result['git']}, {result['versions']}.", "",
              f"Model: {result['model']}. Reference: {result['reference']}. {result['prompts']} prompts x "
              f"{result['steps']} greedy tokens; logits teacher-forced on the reference's tokens. Clear step: "
              f"reference top-2 logit gap > {result['clear_gap']}.", "",
@@ -165,8 +162,9 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench kv-accuracy", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="the Qwen3-0.6B shape on a CUDA GPU, bf16")
     ap.add_argument("--kv", nargs="+", default=["bfloat16", "fp8_e4m3", "fp8_e5m2"])
     ap.add_argument("--backends", nargs="+", default=["triton"], help="GPU: attention backends to measure")
@@ -174,22 +172,16 @@ def main() -> None:
     ap.add_argument("--gpu-prompts", type=int, default=16)
     ap.add_argument("--clear-gap", type=float, default=None,
                     help="logits; default 1.0 on the GPU model (logit std ~30, as test_gpu), 0.5 on SmolLM2")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=meta.LOCAL, help="results folder (default: bench/local)")
+    args = ap.parse_args(argv)
     if args.clear_gap is None:
         args.clear_gap = 1.0 if args.gpu else 0.5
     torch.manual_seed(0)
-    result = run_gpu(args) if args.gpu else run_cpu(args)
-    device = torch.cuda.get_device_name() if args.gpu else "CPU"
-    result.update(device=device, clear_gap=args.clear_gap, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-                  torch=torch.__version__, command="python tools/kv_cache_accuracy.py " + " ".join(sys.argv[1:]))
-    stem = "h200-kv-cache" if args.gpu else "cpu-kv-cache"
+    header = meta.run_meta("python -m bench kv-accuracy", argv, gpu=args.gpu)
+    result = {**header, **(run_gpu(args) if args.gpu else run_cpu(args)), "clear_gap": args.clear_gap}
+    stem = f"{meta.machine_key(meta.gpus() if args.gpu else [], args.gpu)}-kv-cache"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
-
-
-if __name__ == "__main__":
-    main()
+    return 0
