@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env import ENV
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -34,6 +36,15 @@ def _interpreting() -> bool:
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None  # None: the default, which only matters for fp32
+
+
+def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """fp8 K/V under 16-bit queries: run the dots in fp16 rather than the queries' dtype? fp8 values are exact in
+    fp16 (e5m2 is fp16's upper byte) and the conversion is one instruction per two values, where bf16 takes a
+    detour through fp32. MINISGL_TRITON_FP8_DOTS=q keeps the queries' dtype (A/B measurements)."""
+    if kv_dtype.itemsize != 1 or q_dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return ENV.TRITON_FP8_DOTS.value == "fp16"
 
 
 @triton.jit
@@ -77,7 +88,7 @@ def _decode_split_kernel(
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -96,6 +107,8 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + offs_h
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    if FP16_DOTS:  # fp8 K/V convert to fp16 exactly and cheaply; the dots then run in fp16 (see _fp16_dots)
+        q = q.to(tl.float16)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -152,7 +165,7 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
     sm_scale, v_scale,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -174,6 +187,8 @@ def _prefill_kernel(
     tokens = (q_start + offs_m).to(tl.int64)
     q = tl.load(Q + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if FP16_DOTS:
+        q = q.to(tl.float16)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -267,7 +282,7 @@ def decode_attention(
         page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
         sm_scale * k_scale, v_scale, num_splits,
         GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
-        DOT_PRECISION=_dot_precision(q.dtype), **launch,
+        DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), **launch,
     )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](
@@ -301,5 +316,6 @@ def prefill_attention(
         sm_scale * k_scale, v_scale,
         GROUP=num_qo_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
+        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
     )
     return out
