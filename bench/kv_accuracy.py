@@ -36,15 +36,12 @@ SUBJECTS = ["the moon", "photosynthesis", "a lighthouse keeper", "binary search"
 TEMPLATES = ["Explain {} in simple terms.", "Write a short story about {}.", "List three facts about {}:",
              "Here is a poem about {}:\n"]
 PROMPTS = [t.format(s) for s in SUBJECTS for t in TEMPLATES]  # 32 prompts
-GROUP = 8  # requests per teacher-forced engine run
 
 
 def teacher_forced(path: Path, prompts: list[list[int]], forced: list[list[int]], **config) -> torch.Tensor:
     from stage4_fast.tests.teacher_forcing import stage_logits
 
-    parts = [stage_logits(path, prompts[i:i + GROUP], forced[i:i + GROUP], **config)
-             for i in range(0, len(prompts), GROUP)]
-    return torch.cat(parts)
+    return stage_logits(path, prompts, forced, **config)  # all prompts in one batch
 
 
 def logit_stats(logits: torch.Tensor, ref: torch.Tensor, clear_gap: float) -> dict:

@@ -35,7 +35,8 @@ def hf_reference(path: Path, num_prompts: int, steps: int, seed: int = 0,
 
 
 def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], **config: Any) -> torch.Tensor:
-    """The engine's logits for the same steps, fed the forced tokens: [num_prompts, steps, vocab] fp32 on the CPU.
+    """The engine's logits for the same steps, fed the forced tokens: [num_prompts, steps, vocab] fp32 on the CPU
+    (``config``: EngineConfig fields, overriding the defaults below).
     Runs on the engine's device (a CPU too: a dry run of the GPU scripts); TP ranks each call it with their
     ``tp_info`` and the same inputs, so their collectives line up."""
     from stage4_fast.core import SamplingParams, set_global_ctx
@@ -43,7 +44,8 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
     from stage4_fast.utils.device import stream_context, to_device
 
     steps = len(forced[0])
-    engine = Engine(EngineConfig(str(path), max_running_req=8, num_page_override=4096, **config))
+    engine = Engine(EngineConfig(str(path), **{"max_running_req": max(8, len(prompts)), "num_page_override": 4096,
+                                               **config}))
     batcher = ManualBatcher(engine)
     reqs = [batcher.add_req(p, SamplingParams(max_tokens=steps)) for p in prompts]
     out = torch.empty(len(prompts), steps, engine.config.model_config.vocab_size)
