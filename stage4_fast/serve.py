@@ -21,14 +21,16 @@ import torch
 
 from .attention import resolve_auto_backend
 from .engine.graph import default_graph_bs_list
+from .kvcache import kv_cache_dtype_name, resolve_kv_cache_dtype
 from .moe import resolve_auto_moe_backend
 from .server import ServerArgs, launch_server
 
 
 def describe(config: ServerArgs) -> str:
     device = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, config.dtype)
     attn = config.attention_backend
-    attn = resolve_auto_backend(device, config.dtype) if attn == "auto" else attn
+    attn = resolve_auto_backend(device, config.dtype, kv_dtype) if attn == "auto" else attn
     moe = resolve_auto_moe_backend(device) if config.moe_backend == "auto" else config.moe_backend
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     sizes = default_graph_bs_list(device, free, config.cuda_graph_bs, config.cuda_graph_max_bs)
@@ -40,7 +42,8 @@ def describe(config: ServerArgs) -> str:
         where = (f"node {config.node_rank} of {config.nnodes} (TP ranks {ranks[0]}..{ranks[-1]}), "
                  + (where if config.node_rank == 0 else f"following node 0 at {config.dist_init_addr}"))
     return (f"stage4_fast.serve: {config.model_path} ({str(config.dtype).removeprefix('torch.')}) on {device.type}, "
-            f"tp {tp}, attention {attn}, MoE {moe} (MoE models only), {graphs}, page size {config.page_size}, {where}")
+            f"tp {tp}, attention {attn}, MoE {moe} (MoE models only), {graphs}, page size {config.page_size}, "
+            f"KV cache {kv_cache_dtype_name(kv_dtype)}, {where}")
 
 
 def main(argv: List[str] | None = None) -> None:

@@ -123,5 +123,7 @@ def test_serve_reports_the_cpu_defaults(qwen3):
 
     config, _ = parse_args(["--model", str(qwen3), "--tp", "2"])
     text = describe(config)
-    for part in ("on cpu", "tp 2", "attention torch", "no graphs"):
+    for part in ("on cpu", "tp 2", "attention torch", "no graphs", "KV cache float32"):
         assert part in text
+    config, _ = parse_args(["--model", str(qwen3), "--kv-cache-dtype", "fp8_e5m2"])
+    assert "KV cache fp8_e5m2" in describe(config)

@@ -250,11 +250,14 @@ def test_two_nodes_of_one_gpu_equal_tp2_on_one_node(monkeypatch):
     tokenizer = AutoTokenizer.from_pretrained(model)
     assert got == want == [tokenizer.decode(ids) for ids in hf_generate(model, PROMPTS)]
 
-# fp8 KV against bf16 KV, same backend, teacher-forced on HF's tokens. Bounds: twice the largest value measured (the
-# H200 and SmolLM2 on a CPU, bench/results/{h200,cpu}-kv-cache.md); e5m2 keeps one mantissa bit fewer than e4m3, so
-# its rounding error is twice as large.
+
+# fp8 KV against bf16 KV, same backend, teacher-forced on HF's tokens. Rounding to e4m3 (3 mantissa bits) moves a
+# value by up to 2^-4 of itself, e5m2 (2 bits) by up to 2^-3: e5m2's error is twice e4m3's. Measured on the H200 over
+# 16 prompts x 64 steps (bench/results/h200-kv-cache.md): max rel. L2 0.063 (e4m3) and 0.116 (e5m2); the bounds
+# leave 60 % headroom over that. A clear step is the bf16-KV run's top-2 gap above 1 logit, as for bf16 against HF:
+# all 1,024 steps measured were clear, and fp8 picked the same argmax at each.
 FP8_REL_L2_BOUND = {"fp8_e4m3": 0.1, "fp8_e5m2": 0.2}
-FP8_CLEAR_GAP = {"fp8_e4m3": 4.0, "fp8_e5m2": 8.0}  # logits (std ~30 on this model)
+FP8_CLEAR_GAP = 1.0  # logits (std ~30 on this model)
 
 
 @functools.lru_cache(maxsize=None)
@@ -283,7 +286,7 @@ def test_fp8_kv_qwen3_shape_teacher_forced_against_bf16_kv(backend, kv):
     ref, logits = _qwen3_shape_logits(backend, "auto"), _qwen3_shape_logits(backend, kv)
     rel = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
     top2 = ref.topk(2, dim=-1).values
-    clear = (top2[..., 0] - top2[..., 1]) > FP8_CLEAR_GAP[kv]
+    clear = (top2[..., 0] - top2[..., 1]) > FP8_CLEAR_GAP
     agree = (logits.argmax(-1) == ref.argmax(-1))[clear].float().mean().item()
     print(f"[{backend} {kv} vs bf16 KV, graphs] max rel. L2 {rel:.4f}, max |diff| {(logits - ref).abs().max():.3f}, "
           f"argmax agreement on clear steps {agree:.4f} ({int(clear.sum())}/{clear.numel()} clear)")
