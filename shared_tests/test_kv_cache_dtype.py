@@ -8,8 +8,9 @@ which needs a gap below twice the largest logit error. So: wherever a stage's ou
 HF's own top-2 gap at that step must be below ``GAP_BOUND[kv]``.
 
 The bounds are twice the largest |logit difference| that teacher forcing measured on SmolLM2 over 32 prompts x 64
-steps against the full-precision KV cache (``python -m bench kv-accuracy``; bench/results/cpu-kv-cache.md),
-rounded up, plus a quarter for the order of fp32 sums, which differs from HF's.
+steps against the full-precision KV cache (``python -m bench kv-accuracy``; bench/results/cpu-kv-cache.md), with
+half as much again for prompts outside that set (these include random-token ones) and for the engine's fp32 sums,
+whose order differs from HF's.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import pytest
 from .conftest import BATCH_PROMPTS, NEW_TOKENS, encode, hf_generate, long_prompt_ids, mixed_prompts
 from .stages import require
 
-# logits; from max_abs_logit_diff in bench/results/cpu-kv-cache.md: bfloat16 0.44, fp8_e4m3 2.9, fp8_e5m2 5.4
-GAP_BOUND = {"bfloat16": 1.25, "fp8_e4m3": 6.0, "fp8_e5m2": 11.0}
+# logits: 3 x max_abs_logit_diff of bench/results/cpu-kv-cache.md (bfloat16 0.22, fp8_e4m3 3.45, fp8_e5m2 7.53)
+GAP_BOUND = {"bfloat16": 0.7, "fp8_e4m3": 10.5, "fp8_e5m2": 23.0}
 
 
 @lru_cache(maxsize=None)
