@@ -16,7 +16,7 @@ from stage4_fast.engine import engine as engine_module
 from stage4_fast.kernel.ref import dequantize_kv, quantize_kv
 from stage4_fast.kvcache import MHAKVCache, resolve_kv_cache_dtype
 
-from .conftest import make_engine
+from .conftest import make_engine, prepared_model
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -123,18 +123,18 @@ def test_a_backend_that_cannot_read_fp8_is_refused_before_loading(tiny_model, mo
     (["--attn", "fi", "--kv-cache-dtype", "fp8_e4m3", "--dtype", "float32"], "'fi' cannot read KV stored as"),
     (["--kv-cache-dtype", "fp8"], "invalid choice: 'fp8'"),
 ])
-def test_cli_refuses_what_cannot_run(tiny_model, flags, error, capsys):
+def test_cli_refuses_what_cannot_run(flags, error, capsys):
     from stage4_fast.server.args import parse_args
 
     with pytest.raises(SystemExit):
-        parse_args(["--model", str(tiny_model("qwen3")), *flags])
+        parse_args(["--model", str(prepared_model("tiny-qwen3")), *flags])  # (a model with a tokenizer)
     assert error in capsys.readouterr().err
 
 
-def test_cli_passes_the_dtype_on(tiny_model):
+def test_cli_passes_the_dtype_on():
     from stage4_fast.server.args import parse_args
 
-    args, _ = parse_args(["--model", str(tiny_model("qwen3")), "--attn", "fi", "--dtype", "bfloat16",
+    args, _ = parse_args(["--model", str(prepared_model("tiny-qwen3")), "--attn", "fi", "--dtype", "bfloat16",
                           "--kv-cache-dtype", "fp8_e4m3"])
     assert args.kv_cache_dtype == "fp8_e4m3"
 
