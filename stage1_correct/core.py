@@ -18,9 +18,14 @@ if TYPE_CHECKING:
     from .kvcache.base import BaseCacheHandle, BaseKVCachePool
 
 
+# Temperatures below this are greedy, as in vLLM and SGLang: dividing the logits by a smaller one overflows them (inf,
+# then NaN probabilities that torch.multinomial refuses)
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass
 class SamplingParams:
-    temperature: float = 0.0  # <= 0 means greedy
+    temperature: float = 0.0  # below GREEDY_TEMPERATURE (0, say) means greedy
     top_k: int = -1  # < 1 means disabled
     top_p: float = 1.0
     ignore_eos: bool = False
@@ -28,7 +33,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return (self.temperature <= 0.0 or self.top_k == 1) and self.top_p == 1.0
+        return (self.temperature < GREEDY_TEMPERATURE or self.top_k == 1) and self.top_p == 1.0
 
 
 @dataclass(eq=False)  # identity hashing: requests live in sets and dicts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, List, Literal
+from typing import TYPE_CHECKING, Iterator, List, Literal, Tuple
 
 import torch
 
@@ -20,9 +20,14 @@ if TYPE_CHECKING:
     from .moe import BaseMoeBackend
 
 
+# Temperatures below this are greedy, as in vLLM and SGLang: dividing the logits by a smaller one overflows them (inf,
+# then NaN probabilities that torch.multinomial refuses)
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass
 class SamplingParams:
-    temperature: float = 0.0  # <= 0 means greedy
+    temperature: float = 0.0  # below GREEDY_TEMPERATURE (0, say) means greedy
     top_k: int = -1  # < 1 means disabled
     top_p: float = 1.0
     ignore_eos: bool = False
@@ -33,10 +38,31 @@ class SamplingParams:
     # the text leaves special tokens (<|im_end|>, <|endoftext|>, ...) out; vLLM's and SGLang's default (the token ids
     # keep them)
     skip_special_tokens: bool = True
+    # stage 4, the production API (sampling/): vLLM / SGLang semantics, neutral by default
+    presence_penalty: float = 0.0  # subtracted from the logit of every token the output already holds
+    frequency_penalty: float = 0.0  # ... times how often it holds it
+    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of prompt and output tokens
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+    logit_bias: List[Tuple[int, float]] = field(default_factory=list)  # (token id, added to its logit)
+    logprobs: int | None = None  # report the sampled token's logprob and the `logprobs` most likely ones
+    echo: bool = False  # the first reply carries the prompt's ids, with `logprobs` also their logprobs
+    json_schema: str | None = None  # constrain the output to JSON valid against this schema (sampling/grammar.py)
+
+    def __post_init__(self) -> None:
+        # the wire carries tuples as lists
+        self.logit_bias = [(int(token_id), float(bias)) for token_id, bias in self.logit_bias]
 
     @property
     def is_greedy(self) -> bool:
-        return (self.temperature <= 0.0 or self.top_k == 1) and self.top_p == 1.0
+        return (self.temperature < GREEDY_TEMPERATURE or self.top_k == 1) and self.top_p == 1.0
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.echo and self.logprobs is not None
 
 
 @dataclass(eq=False)  # identity hashing: requests live in sets and dicts
@@ -58,6 +84,11 @@ class Req:
         self._host_buf: torch.Tensor | None = None
         self._host_view: torch.Tensor | None = None
         self._host_len = 0
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens the request was created with: its prompt (a chunk's: the prompt up to the chunk's end)."""
+        return self.max_device_len - self.output_len
 
     @property
     def extend_len(self) -> int:
@@ -116,6 +147,9 @@ class Batch:
     attn_metadata: BaseAttnMetadata = field(init=False)  # set by the attention backend
     # hybrid models only: per-request state slots of the linear-attention layers (attention/hybrid_linear.py)
     state_metadata: LinearAttnMetadata | None = field(default=None, init=False)
+    # prefill only, for prompt logprobs (echo): the LM head keeps the final hidden states of these token rows
+    prompt_logprob_rows: torch.Tensor | None = field(default=None, init=False)
+    prompt_hidden: torch.Tensor | None = field(default=None, init=False)
 
     @property
     def is_prefill(self) -> bool:

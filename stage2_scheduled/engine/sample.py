@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, List
 
 import torch
 
+from ..core import GREEDY_TEMPERATURE
 from ..utils.device import to_device
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def sample_impl(
     top_p: torch.Tensor | None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    greedy = temperatures <= 0
+    greedy = temperatures < GREEDY_TEMPERATURE
     # Upstream gives greedy requests temperature 1e-6, which is greedy only up to near-ties; we take the argmax.
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)
     probs = torch.softmax(logits.float() / temps[:, None], dim=-1)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, List
 
 import torch
 
+from ..core import GREEDY_TEMPERATURE
 from ..utils.device import to_device
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def sample_impl(
     generator: torch.Generator | None = None,
     seeds: List[int | None] | None = None,
 ) -> torch.Tensor:
-    greedy = temperatures <= 0
+    greedy = temperatures < GREEDY_TEMPERATURE
     # Upstream gives greedy requests temperature 1e-6, which is greedy only up to near-ties; we take the argmax.
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)
     probs = torch.softmax(logits.float() / temps[:, None], dim=-1)

@@ -37,6 +37,17 @@ def test_temperature_zero_is_greedy_even_beside_sampled_requests():
     assert torch.equal(sampler.sample(logits[:3], BatchSamplingArgs(None)), logits[:3].argmax(-1))
 
 
+def test_a_temperature_too_small_to_divide_by_is_greedy():
+    # 1e-40 is a positive float32 (subnormal): logits / 1e-40 overflow to inf, the probabilities become NaN and
+    # torch.multinomial raises, which would take the whole batch (a server's scheduler) down
+    logits = _logits(4, seed=4)
+    params = [SamplingParams(temperature=1e-40), SamplingParams(temperature=1e-40, top_p=0.9),
+              SamplingParams(temperature=1e-6, top_k=5), SamplingParams(temperature=1.0)]
+    sampler = _sampler()
+    tokens = sampler.sample(logits, sampler.prepare(_batch(params)))
+    assert torch.equal(tokens[:3], logits.argmax(-1)[:3])
+
+
 def test_top_k_one_is_greedy():
     logits = _logits(64, seed=1)
     sampler = _sampler()

@@ -25,6 +25,7 @@ from ..layers import set_rope_device
 from ..models import ModelConfig, create_model, load_weight
 from ..models.weight import KV_SCALE_NAME, kv_scale_name
 from ..moe import create_moe_backend, resolve_auto_moe_backend
+from ..sampling import BatchLogprobs
 from ..utils import align_ceil, div_even, torch_dtype
 from ..utils.device import (
     Event,
@@ -51,6 +52,7 @@ class ForwardOutput(NamedTuple):
     next_tokens_gpu: torch.Tensor  # on the engine device (the name is upstream's)
     next_tokens_cpu: torch.Tensor  # host copy; valid once copy_done_event has completed
     copy_done_event: Event
+    logprobs: BatchLogprobs | None = None  # host copies, for the requests that asked (valid with the tokens)
 
 
 class Engine:
@@ -229,6 +231,8 @@ class Engine:
         # Several engines may live in one process (tests); the layers read the global context, so make it ours.
         set_global_ctx(self.ctx)
         with torch.inference_mode(), self.ctx.forward_batch(batch):
+            if args.logprobs is not None:
+                batch.prompt_logprob_rows = args.logprobs.prompt_rows
             if self.graph_runner.can_use_cuda_graph(batch):
                 logits = self.graph_runner.replay(batch)
             else:
@@ -236,9 +240,13 @@ class Engine:
             for req in batch.reqs:
                 req.complete_one()
             next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
+            logprobs = self.sampler.logprobs(logits[: batch.size], next_tokens_gpu, args, batch,
+                                             self.model.lm_head.compute_logits)
+            batch.prompt_hidden = None
             next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=True)
+            logprobs_cpu = logprobs.to_host() if logprobs is not None else None
             copy_done_event = record_event(self.device)
-        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event)
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logprobs_cpu)
 
     def shutdown(self) -> None:
         self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)

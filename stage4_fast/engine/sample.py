@@ -1,16 +1,33 @@
-"""Batched sampling: every request has its own temperature / top-k / top-p, all handled in one call."""
+"""Batched sampling: every request has its own temperature / top-k / top-p, all handled in one call.
+
+Stage 4 adds the production API's fields (``sampling/``): logit bias, penalties and a grammar mask on the logits,
+min-p beside top-k / top-p, and logprobs of the raw logits. Each costs nothing to a batch where no request uses it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, Callable, List
 
 import torch
 
+from ..core import GREEDY_TEMPERATURE
+from ..sampling import (
+    MAX_TOP_LOGPROBS,
+    BatchLogprobs,
+    GrammarBackend,
+    LogitBiasArgs,
+    LogprobArgs,
+    PenaltyArgs,
+    apply_logit_bias,
+    apply_min_p,
+    apply_penalties,
+    compute_logprobs,
+)
 from ..utils.device import to_device
 
 if TYPE_CHECKING:
-    from ..core import Batch
+    from ..core import Batch, Req
 
 
 @dataclass
@@ -19,6 +36,17 @@ class BatchSamplingArgs:
     top_k: torch.Tensor | None = None  # [bs] int64 (vocab size = no limit); None: no request limits it
     top_p: torch.Tensor | None = None  # [bs] float32 in (0, 1]; None: no request limits it
     seeds: List[int | None] | None = None  # per request (host); None: no request has a seed
+    # stage 4, the production API; None: no request of the batch uses the field
+    min_p: torch.Tensor | None = None  # [bs] float32 in [0, 1]
+    logit_bias: LogitBiasArgs | None = None
+    penalties: PenaltyArgs | None = None
+    grammar_bitmask: torch.Tensor | None = None  # [bs, ceil(V / 32)] int32 on the device
+    logprobs: LogprobArgs | None = None
+    token_pool: torch.Tensor | None = None  # read by the penalties and the prompt logprobs
+
+    @property
+    def processes_logits(self) -> bool:
+        return self.logit_bias is not None or self.penalties is not None or self.grammar_bitmask is not None
 
 
 def make_device_tensor(data: List, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -49,11 +77,14 @@ def sample_impl(
     top_p: torch.Tensor | None,
     generator: torch.Generator | None = None,
     seeds: List[int | None] | None = None,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    greedy = temperatures <= 0
+    greedy = temperatures < GREEDY_TEMPERATURE
     # Upstream gives greedy requests temperature 1e-6, which is greedy only up to near-ties; we take the argmax.
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)
     probs = torch.softmax(logits.float() / temps[:, None], dim=-1)
+    if min_p is not None:  # before top-k / top-p, as vLLM
+        probs = apply_min_p(probs, min_p)
     probs = filter_probs(probs, top_k, top_p)
     sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     for i, seed in enumerate(seeds or ()):
@@ -69,11 +100,21 @@ class Sampler:
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        # response_format: plugged in by the scheduler, which owns the tokenizer the grammars need
+        self.grammar: GrammarBackend | None = None
 
-    def prepare(self, batch: Batch) -> BatchSamplingArgs:
+    def prepare(self, batch: Batch, token_pool: torch.Tensor | None = None) -> BatchSamplingArgs:
+        """The batch's sampling tensors. ``token_pool`` (the scheduler's token ids per request slot) is needed by
+        penalties and prompt logprobs only."""
         params = [req.sampling_params for req in batch.reqs]
         if all(p.is_greedy for p in params):
-            return BatchSamplingArgs(temperatures=None)
+            args = BatchSamplingArgs(temperatures=None)
+        else:
+            args = self._prepare_random(batch, params)
+        self._prepare_api_fields(batch, args, token_pool)
+        return args
+
+    def _prepare_random(self, batch: Batch, params: List) -> BatchSamplingArgs:
         temperatures = [0.0 if p.is_greedy else p.temperature for p in params]
         args = BatchSamplingArgs(make_device_tensor(temperatures, torch.float32, self.device))
         if any(p.top_k >= 1 for p in params):
@@ -82,13 +123,122 @@ class Sampler:
         if any(p.top_p < 1.0 for p in params):
             top_p = [min(max(p.top_p, 1e-6), 1.0) for p in params]
             args.top_p = make_device_tensor(top_p, torch.float32, self.device)
+        if any(p.min_p > 0.0 for p in params):
+            args.min_p = make_device_tensor([p.min_p for p in params], torch.float32, self.device)
         if any(p.seed is not None for p in params):
             # mixed with the position of the token being sampled, so each step of a request draws differently
             args.seeds = [None if p.seed is None else (p.seed * 1_000_003 + req.device_len) % 2**63
                           for p, req in zip(params, batch.reqs)]
         return args
 
+    def _prepare_api_fields(self, batch: Batch, args: BatchSamplingArgs, token_pool: torch.Tensor | None) -> None:
+        # A chunk of a prompt (can_decode is False before its forward) samples a token nobody reads: it gets no
+        # bias, penalty, mask or logprob.
+        sampled = [(i, req) for i, req in enumerate(batch.reqs) if req.can_decode]
+        bias = [(i, tid, b) for i, req in sampled for tid, b in req.sampling_params.logit_bias]
+        if bias:
+            rows, ids, values = zip(*bias)
+            args.logit_bias = LogitBiasArgs(make_device_tensor(list(rows), torch.int64, self.device),
+                                            make_device_tensor(list(ids), torch.int64, self.device),
+                                            make_device_tensor(list(values), torch.float32, self.device))
+        penalised = [(i, req) for i, req in sampled if req.sampling_params.has_penalty]
+        if penalised:
+            assert token_pool is not None, "penalties read the token pool"
+            args.penalties = self._penalty_args(penalised)
+        grammar = self.grammar
+        if grammar is not None and grammar.active and any(grammar.has(req.uid) for _, req in sampled):
+            uids = [req.uid if req.can_decode else None for req in batch.reqs]
+            args.grammar_bitmask = to_device(grammar.bitmask(uids), self.device)
+        args.logprobs = self._logprob_args(batch)
+        if args.penalties is not None or (args.logprobs is not None and args.logprobs.prompt_rows is not None):
+            assert token_pool is not None, "penalties and prompt logprobs read the token pool"
+            args.token_pool = token_pool
+
+    def _penalty_args(self, penalised: List[tuple[int, Req]]) -> PenaltyArgs:
+        # each row reads its output so far, and its prompt too when a repetition penalty is set
+        starts = [0 if req.sampling_params.repetition_penalty != 1.0 else req.prompt_len for _, req in penalised]
+        lengths = torch.tensor([req.device_len - start for (_, req), start in zip(penalised, starts)])
+        offsets = torch.arange(max(1, int(lengths.max())))[None, :]
+        valid = offsets < lengths[:, None]
+        positions = torch.where(valid, torch.tensor(starts)[:, None] + offsets, 0)
+        prompt_lens = torch.tensor([req.prompt_len for _, req in penalised])
+        pool_rows = torch.tensor([req.table_idx for _, req in penalised])[:, None].expand_as(positions)
+        params = [req.sampling_params for _, req in penalised]
+
+        def dev(values: List, dtype: torch.dtype) -> torch.Tensor:
+            return make_device_tensor(values, dtype, self.device)
+
+        return PenaltyArgs(
+            rows=dev([i for i, _ in penalised], torch.int64),
+            presence=dev([p.presence_penalty for p in params], torch.float32),
+            frequency=dev([p.frequency_penalty for p in params], torch.float32),
+            repetition=dev([p.repetition_penalty for p in params], torch.float32),
+            pool_rows=to_device(pool_rows.contiguous(), self.device),
+            positions=to_device(positions, self.device),
+            is_output=to_device(valid & (positions >= prompt_lens[:, None]), self.device),
+            is_seen=to_device(valid, self.device),
+        )
+
+    def _logprob_args(self, batch: Batch) -> LogprobArgs | None:
+        wanted = [(i, req) for i, req in enumerate(batch.reqs) if req.sampling_params.logprobs is not None]
+        if not wanted:
+            return None
+        top_k = min(max(req.sampling_params.logprobs for _, req in wanted), MAX_TOP_LOGPROBS, self.vocab_size)
+        rows = [i for i, req in wanted if req.can_decode]
+        args = LogprobArgs(make_device_tensor(rows, torch.int64, self.device), rows, top_k)
+        if batch.is_prefill:
+            self._add_prompt_rows(batch, args)
+        return args
+
+    def _add_prompt_rows(self, batch: Batch, args: LogprobArgs) -> None:
+        """Echo: every prompt token after the first gets the logprob the row before it predicts. A chunk's rows all
+        predict prompt tokens (its last row the next chunk's first); a final chunk's last row predicts the first
+        output token, whose logprob is the sampled token's."""
+        flat_rows: List[torch.Tensor] = []
+        pool_rows: List[int] = []
+        positions: List[torch.Tensor] = []
+        segments = []
+        offset, start = 0, 0
+        for i, req in enumerate(batch.reqs):  # (a prefill is never padded)
+            if req.sampling_params.wants_prompt_logprobs:
+                count = req.extend_len if not req.can_decode else req.extend_len - 1
+                if count > 0:
+                    flat_rows.append(torch.arange(offset, offset + count))
+                    positions.append(torch.arange(req.cached_len + 1, req.cached_len + 1 + count))
+                    pool_rows += [req.table_idx] * count
+                    segments.append((i, start, count))
+                    start += count
+            offset += req.extend_len
+        if segments:
+            args.prompt_rows = to_device(torch.cat(flat_rows), self.device)
+            args.prompt_targets = (make_device_tensor(pool_rows, torch.int64, self.device),
+                                   to_device(torch.cat(positions), self.device))
+            args.prompt_segments = segments
+
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        if args.processes_logits:
+            logits = logits.to(torch.float32, copy=True)  # the raw logits stay as they are, for the logprobs
+            if args.logit_bias is not None:
+                apply_logit_bias(logits, args.logit_bias)
+            if args.penalties is not None:
+                assert args.token_pool is not None
+                apply_penalties(logits, args.token_pool, args.penalties)
+            if args.grammar_bitmask is not None:
+                GrammarBackend.apply(logits, args.grammar_bitmask)
         if args.temperatures is None:
             return logits.argmax(dim=-1)
-        return sample_impl(logits, args.temperatures, args.top_k, args.top_p, self.generator, args.seeds)
+        return sample_impl(logits, args.temperatures, args.top_k, args.top_p, self.generator, args.seeds, args.min_p)
+
+    def logprobs(
+        self,
+        logits: torch.Tensor,
+        next_tokens: torch.Tensor,
+        args: BatchSamplingArgs,
+        batch: Batch,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    ) -> BatchLogprobs | None:
+        """Logprobs of the raw logits for the requests that asked (None if none did)."""
+        if args.logprobs is None:
+            return None
+        return compute_logprobs(logits, next_tokens, args.logprobs, args.token_pool, batch.prompt_hidden,
+                                compute_logits)

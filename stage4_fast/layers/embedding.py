@@ -72,7 +72,13 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch
         if batch.is_prefill:  # only each request's last position produces a token
+            if batch.prompt_logprob_rows is not None:  # echo: the sampler turns these into prompt logprobs
+                batch.prompt_hidden = x[batch.prompt_logprob_rows]
             x = x[batch.attn_metadata.get_last_indices(batch.size)]
+        return self.compute_logits(x)
+
+    def compute_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of any rows of final hidden states (every rank calls it with the same rows)."""
         weight = self._tied_embedding.weight if self._tied_embedding is not None else self.weight
         logits = F.linear(x, weight, self.bias)
         if self.tp_size == 1:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Sequence, Tuple
 
 import torch
 from tqdm import tqdm
 
 from ..core import SamplingParams
 from ..distributed import DistributedInfo
-from ..message import BaseBackendMsg, DetokenizeMsg, UserMsg
+from ..message import BaseBackendMsg, DetokenizeMsg, TokenLogprobs, UserMsg
 from ..scheduler import Scheduler, SchedulerConfig
 from ..utils.hf import tp_split_problem
 from .tp import join_followers, start_followers, tp_config_fields
@@ -30,6 +30,8 @@ class RequestStatus:
     error: str | None = None  # set when the scheduler rejected or aborted the request
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    logprobs: TokenLogprobs | None = None  # stage 4: when the request asked for them
+    prompt_logprobs: TokenLogprobs | None = None  # ... and echo
 
 
 Prompt = str | Sequence[int]
@@ -74,7 +76,8 @@ class LLM(Scheduler):
             input_ids = self._tokenize_one(prompt)
             uid, self.counter = self.counter, self.counter + 1
             self.status_map[uid] = RequestStatus(uid, input_ids.tolist(), [], ignore_eos=params.ignore_eos,
-                                                 skip_special_tokens=params.skip_special_tokens)
+                                                 skip_special_tokens=params.skip_special_tokens,
+                                                 logprobs=TokenLogprobs() if params.logprobs is not None else None)
             msgs.append(UserMsg(uid, input_ids, params))
             total_len += len(input_ids)
         return msgs
@@ -87,6 +90,10 @@ class LLM(Scheduler):
             elif not (msg.finished and msg.finish_reason == "stop"):
                 # (a final EOS or stop token ends the request but is not part of the output)
                 status.output_ids.append(msg.next_token)
+                if msg.logprobs is not None and status.logprobs is not None:
+                    status.logprobs.extend(msg.logprobs)
+            if msg.prompt_logprobs is not None:
+                status.prompt_logprobs = msg.prompt_logprobs
             if msg.finished and self._pbar is not None:
                 self._pbar.update(1)
 
@@ -95,8 +102,9 @@ class LLM(Scheduler):
         prompts: Sequence[str] | Sequence[Sequence[int]],
         sampling_params: Sequence[SamplingParams] | SamplingParams,
         use_tqdm: bool = True,
-    ) -> List[Dict[str, str | List[int]]]:
-        """One result per prompt, in order: {"text", "token_ids"} (plus "error" for a rejected prompt)."""
+    ) -> List[Dict[str, Any]]:
+        """One result per prompt, in order: {"text", "token_ids"} (plus "error" for a rejected prompt; stage 4:
+        "logprobs" and, with echo, "prompt_logprobs", as ``TokenLogprobs``, when the request asked)."""
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
@@ -112,16 +120,20 @@ class LLM(Scheduler):
             except RequestAllFinished:
                 pass
         self._pbar = None
-        results: List[Dict[str, str | List[int]]] = []
+        results: List[Dict[str, Any]] = []
         for uid in range(len(prompts)):
             status = self.status_map[uid]
-            result: Dict[str, str | List[int]] = {
+            result: Dict[str, Any] = {
                 "text": (self.tokenizer.decode(status.output_ids, skip_special_tokens=status.skip_special_tokens)
                          if self.tokenizer is not None else ""),
                 "token_ids": status.output_ids,
             }
             if status.error is not None:
                 result["error"] = status.error
+            if status.logprobs is not None:
+                result["logprobs"] = status.logprobs
+            if status.prompt_logprobs is not None:
+                result["prompt_logprobs"] = status.prompt_logprobs
             results.append(result)
         return results
 

@@ -3,6 +3,7 @@
 
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, StatsBackendMsg, UserMsg
 from .frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
+from .logprobs import TextLogprobs, TokenLogprobs
 from .tokenizer import (
     AbortMsg,
     BaseTokenizerMsg,
@@ -28,6 +29,8 @@ __all__ = [
     "StatsMsg",
     "StatsQueryMsg",
     "StatsReply",
+    "TextLogprobs",
+    "TokenLogprobs",
     "TokenizeMsg",
     "UserMsg",
     "UserReply",

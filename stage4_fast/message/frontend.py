@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
+from .logprobs import TextLogprobs
 from .utils import deserialize_type, serialize_type
 
 
@@ -35,6 +36,11 @@ class UserReply(BaseFrontendMsg):
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None  # the request was rejected (tokenizer or scheduler); the API answers with a 4xx
+    # stage 4 (production API): the logprobs of the tokens behind this text; an echo request's first reply also
+    # carries its prompt, as text and as tokens
+    logprobs: TextLogprobs | None = None
+    prompt_logprobs: TextLogprobs | None = None
+    prompt_text: str | None = None
 
     def followed_by(self, later: UserReply) -> UserReply:
         """One reply standing for this one and the next of the same request (the API server merges what queued up
@@ -48,7 +54,19 @@ class UserReply(BaseFrontendMsg):
             completion_tokens=later.completion_tokens,
             cached_tokens=later.cached_tokens or self.cached_tokens,
             error=later.error,
+            logprobs=_joined(self.logprobs, later.logprobs),
+            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,  # (only a first reply has them)
+            prompt_text=self.prompt_text if self.prompt_text is not None else later.prompt_text,
         )
+
+
+def _joined(first: TextLogprobs | None, second: TextLogprobs | None) -> TextLogprobs | None:
+    if first is None or second is None:
+        return first or second
+    joined = TextLogprobs()
+    joined.extend(first)
+    joined.extend(second)
+    return joined
 
 
 @dataclass
@@ -57,4 +75,4 @@ class StatsReply(BaseFrontendMsg):
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchFrontendMsg, UserReply, StatsReply)}
+_CLS_MAP = {c.__name__: c for c in (BatchFrontendMsg, UserReply, StatsReply, TextLogprobs)}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from ..core import SamplingParams
+from .logprobs import TokenLogprobs
 from .utils import deserialize_type, serialize_type
 
 
@@ -40,6 +41,10 @@ class DetokenizeMsg(BaseTokenizerMsg):
     # the request's SamplingParams.skip_special_tokens, on every token's message (the detokenizer keeps no
     # per-request settings of its own; SGLang's scheduler sends it along every step too)
     skip_special_tokens: bool = True
+    # Stage 4 (production API): next_token's logprobs if the request asked; on the first token's message of an
+    # echo request, the prompt's ids (and their logprobs if asked)
+    logprobs: TokenLogprobs | None = None
+    prompt_logprobs: TokenLogprobs | None = None
 
 
 @dataclass
@@ -72,4 +77,4 @@ class StatsMsg(BaseTokenizerMsg):
 
 
 _CLS_MAP = {c.__name__: c for c in (BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg, AbortMsg, StatsQueryMsg,
-                                    StatsMsg, SamplingParams)}
+                                    StatsMsg, SamplingParams, TokenLogprobs)}

@@ -36,7 +36,11 @@ class CacheManager:
     def match_req(self, req: PendingReq) -> MatchResult:
         # never the whole prompt: its last token must be computed to produce the first output's logits
         assert req.input_len > 0
-        return self.prefix_cache.match_prefix(req.input_ids[: req.input_len - 1])
+        # Echo with logprobs needs the logits of every prompt position, and the cache holds keys and values, not
+        # logits: such a request matches nothing and computes its whole prompt (SGLang likewise caps the match at
+        # the first position whose logprob is asked). It still leaves its prompt in the cache for others.
+        usable = 0 if req.sampling_params.wants_prompt_logprobs else req.input_len - 1
+        return self.prefix_cache.match_prefix(req.input_ids[:usable])
 
     @property
     def available_size(self) -> int:

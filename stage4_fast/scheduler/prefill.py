@@ -89,7 +89,11 @@ class PrefillAdder:
         )
         end = cached_len + chunk_size
         device = self.table_manager.token_pool.device
-        self.table_manager.token_pool[table_idx, cached_len:end] = to_device(pending.input_ids[cached_len:end], device)
+        # echo with logprobs: the whole prompt at once, so a chunk's last row finds the token it predicts
+        write_end = pending.input_len if pending.sampling_params.wants_prompt_logprobs else end
+        self.table_manager.token_pool[table_idx, cached_len:write_end] = to_device(
+            pending.input_ids[cached_len:write_end], device
+        )
         cls = ChunkedReq if is_chunked else Req
         return cls(
             input_ids=pending.input_ids[:end],
@@ -184,6 +188,8 @@ class PrefillManager:
 
     def _should_wait(self, pending: PendingReq) -> bool:
         if not self._computing or pending.input_len <= PREFIX_PROBE_LEN:
+            return False
+        if pending.sampling_params.wants_prompt_logprobs:  # it matches no prefix anyway (CacheManager.match_req)
             return False
         uids = self._computing_by_probe.get(tuple(pending.input_ids[:PREFIX_PROBE_LEN].tolist()))
         if not uids:

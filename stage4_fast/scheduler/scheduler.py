@@ -41,8 +41,10 @@ from ..message import (
     ExitMsg,
     StatsBackendMsg,
     StatsMsg,
+    TokenLogprobs,
     UserMsg,
 )
+from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, GrammarError, LogprobArgs
 from ..utils.device import create_stream, stream_context, synchronize, to_device
 from ..utils.hf import load_tokenizer, resolve_model_path
 from .cache import CacheManager
@@ -92,6 +94,12 @@ class Scheduler(SchedulerIOMixin):
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager)
         self.tokenizer = _try_load_tokenizer(config.model_path)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.engine.config.hf_config)
+        # response_format: a grammar matcher per request that has one (sampling/grammar.py)
+        self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)
+        self.engine.sampler.grammar = self.grammar
+        # echo with logprobs: uid -> the prompt logprobs of the chunks prefilled so far
+        self._prompt_logprobs: Dict[int, TokenLogprobs] = {}
+        self.num_prefill_tokens = 0  # prompt tokens computed (not served by the prefix cache), for /v1/stats
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         self.overlap_scheduling = config.overlap_scheduling and not ENV.DISABLE_OVERLAP_SCHEDULING.value
@@ -138,6 +146,8 @@ class Scheduler(SchedulerIOMixin):
             error = f"prompt of {input_len} tokens leaves no room in the context of {max_seq_len} tokens"
         elif max_tokens < 1:
             error = f"max_tokens must be at least 1, got {max_tokens}"
+        else:
+            error = self._check_api_fields(msg)
         if error is None and max_tokens > max_seq_len - input_len:
             # clamp as upstream, on a copy: the caller may share one SamplingParams between requests
             msg.sampling_params = replace(msg.sampling_params, max_tokens=max_seq_len - input_len)
@@ -146,11 +156,28 @@ class Scheduler(SchedulerIOMixin):
             need = estimated_kv_tokens(input_len, msg.sampling_params.max_tokens, 0, ps)
             if need > self.cache_manager.num_pages * ps:  # would wait at the head of the queue forever
                 error = f"request needs {need} KV slots, the pool has {self.cache_manager.num_pages * ps}"
+        if error is None and msg.sampling_params.json_schema is not None:
+            try:
+                self.grammar.add(msg.uid, msg.sampling_params.json_schema)
+            except GrammarError as e:
+                error = str(e)
         if error is not None:
             logger.warning("rejecting request %d: %s", msg.uid, error)
             self.send_result([DetokenizeMsg(msg.uid, -1, True, error, "error", prompt_tokens=input_len)])
             return
         self.prefill_manager.add_one_req(msg)
+
+    def _check_api_fields(self, msg: UserMsg) -> str | None:
+        """The production API's fields: what the API server cannot check (logit_bias ids against the vocabulary),
+        and its bounds again for the offline LLM's callers."""
+        params, vocab_size = msg.sampling_params, self.engine.config.model_config.vocab_size
+        if any(not 0 <= int(tid) < vocab_size for tid, _ in params.logit_bias):
+            return f"logit_bias token ids must be in [0, {vocab_size})"
+        if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+            return f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.logprobs}"
+        if not 0.01 <= params.repetition_penalty <= 10.0:  # as the API's bounds
+            return f"repetition_penalty must be in [0.01, 10], got {params.repetition_penalty}"
+        return None
 
     def _abort_req(self, uid: int) -> None:
         # Fix of upstream bug 4: upstream frees an aborted request right here, although the batch in flight may
@@ -164,6 +191,7 @@ class Scheduler(SchedulerIOMixin):
             self._finish_req(req)
         self.num_aborted += 1
         self._cached_prompt.pop(uid, None)
+        self._forget_api_state(uid)
         self.send_result([DetokenizeMsg(uid, -1, True, "aborted", "abort")])
 
     # -- release ---------------------------------------------------------------------------------------------
@@ -171,12 +199,17 @@ class Scheduler(SchedulerIOMixin):
         """Take a finished or aborted request out of scheduling; release its slot and pages later."""
         self.decode_manager.remove_req(req)
         self.prefill_manager.prefix_cached(req.uid)  # nobody waits for its prefix any more
+        self._forget_api_state(req.uid)
         self.finished_reqs.add(req)
         # Fix of upstream bug 3: the batch launched last may still use this request's slot (its sampled token is
         # written into token_pool[slot]) and pages. Release once that batch has completed; until then neither the
         # slot nor the pages can be handed to a new request.
         self._release_queue.append((self._launched_id, req))
         self._release_done()
+
+    def _forget_api_state(self, uid: int) -> None:
+        self.grammar.remove(uid)
+        self._prompt_logprobs.pop(uid, None)
 
     def _release_done(self) -> None:
         while self._release_queue and self._release_queue[0][0] <= self._done_id:
@@ -205,6 +238,7 @@ class Scheduler(SchedulerIOMixin):
         if batch is not None and batch.is_prefill:
             for req in batch.reqs:  # a request's first chunk starts where its prefix-cache match ended
                 self._cached_prompt.setdefault(req.uid, req.cached_len)
+                self.num_prefill_tokens += req.extend_len
         return None if batch is None else self._prepare_batch(batch)
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
@@ -215,7 +249,7 @@ class Scheduler(SchedulerIOMixin):
         write_tuple = _make_write_tuple(batch, self.device)
         batch.out_loc = self.engine.page_table[input_tuple]
         self.engine.attn_backend.prepare_metadata(batch)
-        return ForwardInput(batch, self.engine.sampler.prepare(batch), input_tuple, write_tuple)
+        return ForwardInput(batch, self.engine.sampler.prepare(batch, self.token_pool), input_tuple, write_tuple)
 
     def _forward(self, fwd_input: ForwardInput) -> ForwardData:
         batch, sample_args, input_tuple, write_tuple = fwd_input
@@ -238,18 +272,26 @@ class Scheduler(SchedulerIOMixin):
         fwd_output.copy_done_event.synchronize()
         batch = fwd_input.batch
         tokens_cpu = fwd_output.next_tokens_cpu
+        logprob_args, logprobs = fwd_input.sample_args.logprobs, fwd_output.logprobs
+        tokens = tokens_cpu.tolist()
+        token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
         reply: List[DetokenizeMsg] = []
         with self.cache_manager.lazy_free_region():
-            for i, (req, token) in enumerate(zip(batch.reqs, tokens_cpu.tolist())):
+            for i, (req, token) in enumerate(zip(batch.reqs, tokens)):
                 if isinstance(req, ChunkedReq) or self._is_stale(req):
                     continue
                 params = req.sampling_params
-                msg = DetokenizeMsg(req.uid, token, False, skip_special_tokens=params.skip_special_tokens)
+                msg = DetokenizeMsg(req.uid, token, False, skip_special_tokens=params.skip_special_tokens,
+                                    logprobs=token_logprobs.get(i))
                 if batch.is_prefill:  # the request's first token: report what its prompt cost
                     msg.prompt_tokens = len(req.input_ids)
                     msg.cached_tokens = self._cached_prompt.pop(req.uid, 0)
+                    if params.echo:
+                        msg.prompt_logprobs = self._echoed_prompt(req)
                 req.append_host(token)
                 stopped = (token == self.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids
+                # a grammar that is complete ends the request like EOS
+                stopped |= self.grammar.has(req.uid) and self.grammar.accept(req.uid, token)
                 finished = stopped or length_finished[i]
                 if finished:
                     msg.finished, msg.finish_reason = True, "stop" if stopped else "length"
@@ -264,6 +306,43 @@ class Scheduler(SchedulerIOMixin):
         if reply:
             self.send_result(reply)
 
+    def _token_logprobs(self, batch: Batch, tokens: List[int], args: LogprobArgs | None,
+                        logprobs: BatchLogprobs | None) -> Dict[int, TokenLogprobs]:
+        """Batch row -> its sampled token's logprobs; echo chunks' prompt logprobs go to ``_prompt_logprobs``."""
+        if args is None or logprobs is None:
+            return {}
+        out: Dict[int, TokenLogprobs] = {}
+        values, top_ids, top_values = (logprobs.token_logprobs.tolist(), logprobs.top_ids.tolist(),
+                                       logprobs.top_logprobs.tolist())
+        for j, i in enumerate(args.rows_host):
+            k = batch.reqs[i].sampling_params.logprobs
+            out[i] = TokenLogprobs([tokens[i]], [values[j]], [top_ids[j][:k]], [top_values[j][:k]])
+        if args.prompt_segments:
+            assert logprobs.prompt_token_logprobs is not None
+            assert logprobs.prompt_top_ids is not None and logprobs.prompt_top_logprobs is not None
+            p_values, p_ids, p_top = (logprobs.prompt_token_logprobs.tolist(), logprobs.prompt_top_ids.tolist(),
+                                      logprobs.prompt_top_logprobs.tolist())
+            for i, start, count in args.prompt_segments:
+                req = batch.reqs[i]
+                if self._is_stale(req):
+                    continue
+                k, end = req.sampling_params.logprobs, start + count
+                acc = self._prompt_logprobs.setdefault(req.uid, TokenLogprobs())
+                acc.extend(TokenLogprobs([], p_values[start:end], [t[:k] for t in p_ids[start:end]],
+                                         [t[:k] for t in p_top[start:end]]))
+        return out
+
+    def _echoed_prompt(self, req: Req) -> TokenLogprobs:
+        """The prompt's ids for echo, with the logprobs its chunks collected when logprobs were asked (the first
+        token's is None: nothing predicts it)."""
+        ids = req.input_ids.tolist()
+        acc = self._prompt_logprobs.pop(req.uid, None)
+        if not req.sampling_params.wants_prompt_logprobs:
+            return TokenLogprobs(ids, [None] * len(ids), [[] for _ in ids], [[] for _ in ids])
+        acc = acc or TokenLogprobs()
+        assert len(acc.logprobs) == len(ids) - 1, (len(acc.logprobs), len(ids))
+        return TokenLogprobs(ids, [None, *acc.logprobs], [[], *acc.top_ids], [[], *acc.top_logprobs])
+
     def _reject_stuck_head(self) -> None:
         """Called when nothing runs, nothing is in flight and yet no prefill could be formed: the head request can
         never be admitted. Admission rules make this unreachable; if it happens anyway, answer the request with an
@@ -272,6 +351,7 @@ class Scheduler(SchedulerIOMixin):
         self.prefill_manager.abort_req(pending.uid)
         logger.error("request %d can never be scheduled; rejecting it", pending.uid)
         self._cached_prompt.pop(pending.uid, None)
+        self._forget_api_state(pending.uid)
         self.send_result([DetokenizeMsg(pending.uid, -1, True, "request can never be scheduled", "error")])
 
     # -- loops -----------------------------------------------------------------------------------------------
@@ -280,6 +360,10 @@ class Scheduler(SchedulerIOMixin):
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
+        if last_data is not None and self.grammar.active:
+            # a grammar's mask for the next step needs this step's token: no overlap while one runs
+            self._process_last_data(last_data)
+            last_data = None
         fwd_input = self._schedule_next_batch()
         ongoing_data = None
         if fwd_input is not None:
@@ -335,6 +419,7 @@ class Scheduler(SchedulerIOMixin):
             "pending_reqs": len(self.prefill_manager.pending_list),
             "releasing_reqs": len(self._release_queue),  # finished, resources freed once their batch completed
             "aborted_reqs": self.num_aborted,
+            "prefill_tokens": self.num_prefill_tokens,  # prompt tokens computed so far (not served by the cache)
             "free_req_slots": self.table_manager.available_size,
             "max_running_req": self.config.max_running_req,
             "max_seq_len": self.engine.max_seq_len,

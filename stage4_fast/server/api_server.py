@@ -12,9 +12,9 @@ import asyncio
 import json
 import time
 import uuid
-from contextlib import asynccontextmanager, suppress
+from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Dict, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Sequence, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,8 +23,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core import SamplingParams
 from .args import ServerArgs
+from .choices import close_all, collect_choice, first_deltas, merged_deltas, open_choices, totals
 from .frontend import BackendUnavailable, FrontendManager, QueueFull, RequestRejected
 from .guard import GuardMiddleware
+from .logprobs import CompletionLogprobs, chat_logprobs
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .openapi import error_responses, install_openapi
 from .protocol import (
@@ -36,7 +38,7 @@ from .protocol import (
     unknown_field_message,
     usage_dict,
 )
-from .stream import Delta, generate_deltas
+from .stream import Delta
 
 T = TypeVar("T")
 # each endpoint's request model: the fields it implements (see protocol.py)
@@ -152,7 +154,8 @@ def _within_context(app: FastAPI, param: str, max_tokens: int | None) -> None:
                        "context_length_exceeded", param=param)
 
 
-def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) -> SamplingParams:
+def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, logprobs: int | None = None,
+                     echo: bool = False) -> SamplingParams:
     max_seq_len = app.state.backend.max_seq_len
     _within_context(app, "max_tokens", max_tokens)
     return SamplingParams(
@@ -165,6 +168,14 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) 
         seed=req.seed,
         stop_token_ids=list(req.stop_token_ids or []),
         skip_special_tokens=req.skip_special_tokens,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        min_p=req.min_p,
+        logit_bias=req.logit_bias_list(),
+        logprobs=logprobs,
+        echo=echo,
+        json_schema=req.json_schema(),  # an unsupported schema comes back from the scheduler as a 400
     )
 
 
@@ -207,56 +218,66 @@ def _backend_error(exc: Exception) -> APIError:
     return _unavailable(str(exc))
 
 
-async def _start(request: Request, deltas: AsyncIterator[Delta]) -> Delta:
-    """The first delta, or the request's rejection as an APIError."""
+async def _start(request: Request, streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
+    """Every choice's first delta, or the request's rejection as an APIError (every choice closed then)."""
     try:
-        return await _unless_disconnected(request, deltas.__anext__())
+        return await _unless_disconnected(request, first_deltas(streams))
     except (RequestRejected, BackendUnavailable, QueueFull) as e:
         raise _backend_error(e) from None
+    except BaseException:
+        await close_all(streams)
+        raise
 
 
-async def _collect(request: Request, deltas: AsyncIterator[Delta]) -> Delta:
-    async def run() -> Delta:
-        parts: list[str] = []
-        async for d in deltas:
-            parts.append(d.text)
-            if d.finish_reason is not None:
-                return Delta("".join(parts), d.finish_reason, d.prompt_tokens, d.completion_tokens,
-                             d.cached_tokens)
-        raise BackendUnavailable("the request ended without a final reply")
+async def _collect(request: Request, firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
+    """Every choice's whole output (text and logprobs joined), in choice order."""
+    async def run() -> List[Delta]:
+        return list(await asyncio.gather(*(collect_choice(f, s) for f, s in zip(firsts, streams))))
 
     try:
         return await _unless_disconnected(request, run())
     except (RequestRejected, BackendUnavailable, QueueFull) as e:
         raise _backend_error(e) from None
     finally:
-        await deltas.aclose()  # removes the request's entry (and aborts it if it had not finished)
+        await close_all(streams)  # removes the requests' entries (and aborts those that had not finished)
 
 
 def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _sse_stream(first: Delta, deltas: AsyncIterator[Delta], make_chunk, usage_chunk,
-                      head: bool = False) -> AsyncIterator[str]:
-    """``make_chunk(None)`` first if ``head``, then chunks for every non-empty delta and the final one; an error
-    after the start ends the stream with an error event (the status line is long gone)."""
+def _shows(d: Delta) -> bool:
+    return bool(d.text) or d.finish_reason is not None or d.logprobs is not None or d.prompt_logprobs is not None
+
+
+async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]],
+                      make_chunk: Callable[[int, Delta], Dict[str, Any]],
+                      usage_chunk: Callable[[List[Delta]], Dict[str, Any]] | None,
+                      heads: Sequence[Dict[str, Any]] = ()) -> AsyncIterator[str]:
+    """``heads`` first, then a chunk for every delta that shows something, of every choice as it comes, and the
+    usage once every choice has finished; an error after the start ends the stream with an error event (the
+    status line is long gone)."""
+    finals: List[Delta | None] = [None] * len(streams)
     try:
-        if head:
-            yield _sse(make_chunk(None))
-        d: Delta | None = first
-        while d is not None:
-            if d.text or d.finish_reason is not None:
-                yield _sse(make_chunk(d))
-            if d.finish_reason is not None:
+        for head in heads:
+            yield _sse(head)
+        async with aclosing(merged_deltas(firsts, streams)) as merged:
+            async for index, d in merged:
+                if isinstance(d, (RequestRejected, BackendUnavailable)):
+                    yield _sse(_backend_error(d).body())
+                    break
+                if isinstance(d, Exception):
+                    yield _sse(_unavailable(f"the request failed: {d!r}").body())
+                    break
+                if _shows(d):
+                    yield _sse(make_chunk(index, d))
+                if d.finish_reason is not None:
+                    finals[index] = d
+            else:
                 if usage_chunk is not None:
-                    yield _sse(usage_chunk(d))
-                break
-            d = await deltas.__anext__()
-    except (RequestRejected, BackendUnavailable) as e:
-        yield _sse(_backend_error(e).body())
+                    yield _sse(usage_chunk([d for d in finals if d is not None]))
     finally:
-        await deltas.aclose()
+        await close_all(streams)
     yield "data: [DONE]\n\n"
 
 
@@ -315,62 +336,82 @@ def _add_routes(app: FastAPI) -> None:
     @app.post("/v1/completions", responses=error_responses(404, 503, streams=True))
     async def completions(req: CompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
-        params = _sampling_params(app, req, req.max_tokens)
-        deltas = generate_deltas(frontend(), req.prompt, params, req.stop_list())
+        params = _sampling_params(app, req, req.max_tokens, logprobs=req.logprobs, echo=req.echo)
+        prompts = req.prompts()
+        streams = open_choices(frontend(), prompts, params, req.n, req.stop_list())
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        logprob_builders = [CompletionLogprobs() for _ in streams]
 
-        def chunk(d: Delta) -> Dict[str, Any]:
-            choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
+        def choice(index: int, d: Delta) -> Dict[str, Any]:
+            """A choice, whole or one streamed piece; echo puts the prompt in front of the first one."""
+            text, prompt_logprobs = d.text, None
+            if req.echo and d.prompt_logprobs is not None:  # (only the first delta carries the prompt)
+                prompt = prompts[index // req.n]
+                text = (prompt if isinstance(prompt, str) else d.prompt_text or "") + text
+                prompt_logprobs = d.prompt_logprobs
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = logprob_builders[index].format(prompt_logprobs, d.logprobs)
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}
+
+        def chunk(index: int, d: Delta) -> Dict[str, Any]:
             return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [choice]}
+                    "choices": [choice(index, d)]}
 
-        return await _respond(request, req, deltas, chunk, rid, created, model, chat=False)
+        return await _respond(request, req, streams, choice, chunk, rid, created, model, chat=False)
 
     @app.post("/v1/chat/completions", responses=error_responses(404, 503, streams=True))
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
         for name in ("max_completion_tokens", "max_tokens"):  # either may be sent; both must fit
             _within_context(app, name, getattr(req, name))
-        params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens)
+        params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens,
+                                  logprobs=req.num_logprobs())
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        deltas = generate_deltas(frontend(), messages, params, req.stop_list())
+        streams = open_choices(frontend(), [messages], params, req.n, req.stop_list())
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-        def chunk(d: Delta | None) -> Dict[str, Any]:
-            # as OpenAI: a first chunk that names the role (d is None), content chunks, a final empty delta
-            delta: Dict[str, Any] = {"content": d.text} if d is not None and d.text else {}
+        def logprobs(d: Delta) -> Dict[str, Any] | None:
+            return chat_logprobs(d.logprobs) if req.logprobs else None
+
+        def choice(index: int, d: Delta) -> Dict[str, Any]:
+            return {"index": index, "message": {"role": "assistant", "content": d.text}, "logprobs": logprobs(d),
+                    "finish_reason": d.finish_reason}
+
+        def chunk(index: int, d: Delta | None) -> Dict[str, Any]:
+            # as OpenAI: a first chunk per choice that names the role (d is None), content chunks, a final one
             if d is None:
-                delta = {"role": "assistant", "content": ""}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d and d.finish_reason}
+                piece = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}
+            else:
+                piece = {"index": index, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs(d),
+                         "finish_reason": d.finish_reason}
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [choice]}
+                    "choices": [piece]}
 
-        return await _respond(request, req, deltas, chunk, rid, created, model, chat=True)
+        return await _respond(request, req, streams, choice, chunk, rid, created, model, chat=True)
 
-    async def _respond(request: Request, req: SamplingFields, deltas: AsyncIterator[Delta], chunk, rid: str,
-                       created: int, model: str, chat: bool) -> Response:
+    async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIterator[Delta]], choice, chunk,
+                       rid: str, created: int, model: str, chat: bool) -> Response:
+        limit = frontend().max_requests
+        if len(streams) > limit:  # could never be admitted at once: a 503 would ask the client to retry in vain
+            raise APIError(400, f"{len(streams)} choices (n times the prompts) exceed the {limit} requests this "
+                           "server admits at once", "invalid_value", param="n")
+        firsts = await _start(request, streams)
+        obj = "chat.completion" if chat else "text_completion"
         if req.stream:
-            first = await _start(request, deltas)
-            obj = "chat.completion.chunk" if chat else "text_completion"
-
-            def usage_chunk(d: Delta) -> Dict[str, Any]:
-                return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                        "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)}
+            def usage_chunk(finals: List[Delta]) -> Dict[str, Any]:
+                return {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created, "model": model,
+                        "choices": [], "usage": usage_dict(*totals(finals, req.n))}
 
             with_usage = req.stream_options is not None and req.stream_options.include_usage
-            return _stream_response(
-                _sse_stream(first, deltas, chunk, usage_chunk if with_usage else None, head=chat)
-            )
-        d = await _collect(request, deltas)
-        if chat:
-            choice: Dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": d.text},
-                                      "logprobs": None, "finish_reason": d.finish_reason}
-        else:
-            choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
+            heads = [chunk(i, None) for i in range(len(streams))] if chat else []
+            return _stream_response(_sse_stream(firsts, streams, chunk, usage_chunk if with_usage else None, heads))
+        finals = await _collect(request, firsts, streams)
         return JSONResponse({
-            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": model, "choices": [choice],
-            "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens),
+            "id": rid, "object": obj, "created": created, "model": model,
+            "choices": [choice(i, d) for i, d in enumerate(finals)],
+            "usage": usage_dict(*totals(finals, req.n)),
         })
 
     @app.post("/generate", responses=error_responses(503, streams=True))
@@ -378,10 +419,10 @@ def _add_routes(app: FastAPI) -> None:
         """Upstream's endpoint: greedy. Streamed events carry ``{"text": ...}`` (upstream wrote the raw text after
         ``data:``, which breaks on newlines)."""
         params = _sampling_params(app, SamplingFields(temperature=0.0, ignore_eos=req.ignore_eos), req.max_tokens)
-        deltas = generate_deltas(frontend(), req.prompt, params, [])
+        streams = open_choices(frontend(), [req.prompt], params, 1, [])
+        firsts = await _start(request, streams)
         if not req.stream:
-            d = await _collect(request, deltas)
+            d = (await _collect(request, firsts, streams))[0]
             return JSONResponse({"text": d.text, "finish_reason": d.finish_reason,
                                  "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)})
-        first = await _start(request, deltas)
-        return _stream_response(_sse_stream(first, deltas, lambda d: {"text": d.text}, None))
+        return _stream_response(_sse_stream(firsts, streams, lambda i, d: {"text": d.text}, None))

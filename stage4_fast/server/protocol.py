@@ -21,6 +21,8 @@ from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..sampling.logprobs import MAX_TOP_LOGPROBS
+
 
 class APIError(Exception):
     """An error the client caused (4xx) or a server that cannot answer now (503)."""
@@ -58,6 +60,14 @@ PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extr
                           BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
 
+# Stage 4 (production API): how many choices one request may ask for (OpenAI's limit on n); n times the number of
+# prompts, each choice being one engine request
+MAX_CHOICES = 128
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES), BeforeValidator(_integral)]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), BeforeValidator(_integral)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+BiasedTokenId = Annotated[str, Field(pattern=r"^[0-9]+$")]  # a token id as a JSON object key
+
 # Prompts and stop strings: unions told apart by their JSON shape, so an error names the branch the value meant
 # (`prompt.token_ids: List should have at least 1 item`) and the schema states the same constraints (oneOf).
 Text = Annotated[str, Field(min_length=1)]
@@ -79,10 +89,10 @@ def _stop_shape(value: Any) -> str | None:
 
 Prompt = Annotated[
     Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")]
-    | Annotated[List[Text], Field(min_length=1, max_length=1), Tag("texts")]
-    | Annotated[List[TokenIds], Field(min_length=1, max_length=1), Tag("token_id_lists")],
+    | Annotated[List[Text], Field(min_length=1, max_length=MAX_CHOICES), Tag("texts")]
+    | Annotated[List[TokenIds], Field(min_length=1, max_length=MAX_CHOICES), Tag("token_id_lists")],
     Discriminator(_json_shape, custom_error_type="invalid_prompt",
-                  custom_error_message="prompt must be text, token ids, or a list of one of those"),
+                  custom_error_message="prompt must be text, token ids, or a list of those"),
 ]
 SinglePrompt = Annotated[
     Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")],
@@ -126,14 +136,7 @@ def _same_json(a: Any, b: Any) -> bool:
 _NI = NotImplementedField
 # what both completion endpoints know but do not implement
 NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
-    "n": _NI((1,), "several choices per request"),
-    "presence_penalty": _NI((0,), "presence penalty"),
-    "frequency_penalty": _NI((0,), "frequency penalty"),
-    "repetition_penalty": _NI((1,), "repetition penalty"),
-    "min_p": _NI((0,), "min-p sampling"),
     "min_tokens": _NI((0,), "a minimum output length"),
-    "logit_bias": _NI(({},), "logit bias"),
-    "response_format": _NI(({"type": "text"},), "structured output"),
     "user": _NI((), "per-user tracking"),
     # vLLM / SGLang extras
     "include_stop_str_in_output": _NI((False,), "keeping the stop string"),
@@ -146,8 +149,6 @@ NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
 }
 NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
     **NOT_IMPLEMENTED_SAMPLING,
-    "logprobs": _NI((False,), "log probabilities"),
-    "top_logprobs": _NI((0,), "log probabilities"),
     "tools": _NI(([],), "tool calls"),
     "tool_choice": _NI(("none",), "tool calls"),
     "parallel_tool_calls": _NI((), "tool calls"),
@@ -165,8 +166,6 @@ NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
 }
 NOT_IMPLEMENTED_COMPLETION: Dict[str, NotImplementedField] = {
     **NOT_IMPLEMENTED_SAMPLING,
-    "logprobs": _NI((0,), "log probabilities"),
-    "echo": _NI((False,), "echoing the prompt"),
     "best_of": _NI((1,), "best-of sampling"),
     "suffix": _NI((), "insertion"),
 }
@@ -226,6 +225,30 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: Dict[str, Any] = Field(alias="schema", description="the JSON schema the output must match")
+    strict: bool | None = None
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JSONSchemaResponseFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
+
+
 class SamplingFields(_Strict):
     """What /v1/completions and /v1/chat/completions share."""
 
@@ -241,6 +264,29 @@ class SamplingFields(_Strict):
     skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # stage 4, the production API (vLLM's semantics where OpenAI says nothing)
+    n: Choices = Field(1, description="samples per prompt; with a seed, sample j uses seed + j")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # (far below 0.01, float32 would overflow dividing by it)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=10.0, description="vLLM / SGLang extension; 1 = off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM / SGLang extension; 0 = off")
+    logit_bias: Dict[BiasedTokenId, Bias] | None = Field(
+        None, description="token id (as a string) -> bias added to its logit; ids beyond the vocabulary are a 400")
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object or json_schema (xgrammar); a schema xgrammar cannot compile is a 400")
+
+    def logit_bias_list(self) -> List[Tuple[int, float]]:
+        return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
+
+    def json_schema(self) -> str | None:
+        """The response_format as the JSON schema the engine constrains the output to (None: free text)."""
+        fmt = self.response_format
+        if isinstance(fmt, JSONSchemaResponseFormat):
+            return json.dumps(fmt.json_schema.schema_)
+        if isinstance(fmt, JSONObjectFormat):
+            return '{"type": "object"}'  # any JSON object, as SGLang compiles it
+        return None
 
     def stop_list(self) -> List[str]:
         if self.stop is None:
@@ -252,18 +298,37 @@ class ChatCompletionRequest(SamplingFields):
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
     messages: List[ChatMessage] = Field(min_length=1)
     max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
+    logprobs: bool = Field(False, description="the logprob of every output token")
+    top_logprobs: TopLogprobs | None = Field(None, description="and of the most likely ones (needs logprobs)")
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(SamplingFields):
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_COMPLETION
-    prompt: Prompt = Field(description="text or token ids; a list of one prompt is accepted (no batching)")
+    prompt: Prompt = Field(description="text or token ids, or a list of prompts (each gets n choices, in order)")
     max_tokens: MaxTokens | None = 16
+    echo: bool = Field(False, description="the prompt comes back in front of the output (and in the logprobs)")
+    logprobs: TopLogprobs | None = Field(None, description="the logprob of every token and of this many likeliest")
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list)):
-            self.prompt = self.prompt[0]  # the list of one prompt
+    def _check_choices(self) -> CompletionRequest:
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise ValueError(f"n times the number of prompts must be at most {MAX_CHOICES}")
         return self
+
+    def prompts(self) -> List[str | List[int]]:
+        p = self.prompt
+        if isinstance(p, list) and isinstance(p[0], (str, list)):
+            return list(p)  # type: ignore[arg-type]
+        return [p]  # type: ignore[list-item]
 
 
 class GenerateRequest(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator, List
 
+from ..message import TextLogprobs
 from .frontend import FrontendManager, RequestRejected
 
 
@@ -50,6 +51,11 @@ class Delta:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # stage 4: the logprobs of the tokens behind this delta (when asked); on an echo request's first delta, the
+    # prompt as text and as tokens with their logprobs
+    logprobs: TextLogprobs | None = None
+    prompt_text: str | None = None
+    prompt_logprobs: TextLogprobs | None = None
 
 
 async def generate_deltas(
@@ -71,7 +77,8 @@ async def generate_deltas(
             elif reply.finished:
                 text += matcher.flush()
                 finish = reply.finish_reason or "stop"
-            yield Delta(text, finish, reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
+            yield Delta(text, finish, reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens,
+                        reply.logprobs, reply.prompt_text, reply.prompt_logprobs)
             if finish is not None:
                 return
     finally:

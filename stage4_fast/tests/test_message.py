@@ -22,7 +22,9 @@ from stage4_fast.message import (
     StatsMsg,
     StatsQueryMsg,
     StatsReply,
+    TextLogprobs,
     TokenizeMsg,
+    TokenLogprobs,
     UserMsg,
     UserReply,
 )
@@ -96,6 +98,40 @@ def test_a_batch_of_one_kind_travels_as_columns(msg, base):
     wire = msg.encoder()["data"]
     assert wire["__type__"] == "__columns__" and len(next(iter(wire["fields"].values()))) == len(msg.data)
     assert _same(msg, _wire(msg, base))
+
+
+# stage 4: the production API's fields and logprobs
+API_PARAMS = SamplingParams(presence_penalty=0.5, frequency_penalty=-0.2, repetition_penalty=1.3, min_p=0.1,
+                            logit_bias=[(5, 2.0), (49151, -100.0)], logprobs=3, echo=True, json_schema='{"type": "x"}')
+PROMPT_LP = TokenLogprobs([7, 8, 9], [None, -1.5, -0.25], [[], [3, 4], [5, 6]], [[], [-0.1, -2.0], [-0.2, -3.0]])
+
+
+@pytest.mark.parametrize(
+    "msg, base",
+    [
+        (UserMsg(3, torch.tensor([1, 2], dtype=torch.int32), API_PARAMS), BaseBackendMsg),
+        (BatchTokenizerMsg([DetokenizeMsg(1, 9, False, logprobs=TokenLogprobs([9], [-0.5], [[9, 4]], [[-0.5, -1.0]]),
+                                          prompt_logprobs=PROMPT_LP),
+                            DetokenizeMsg(2, 4, True, finish_reason="length")]), BaseTokenizerMsg),
+        (BatchFrontendMsg([UserReply(1, "a", False, logprobs=TextLogprobs(["a"], [-0.5], [["a", "b"]], [[-0.5, -1.0]]),
+                                     prompt_logprobs=TextLogprobs(["x", "y"], [None, -1.0], [[], ["y"]], [[], [-1.0]]),
+                                     prompt_text="xy"),
+                           UserReply(2, "", True, "stop")]), BaseFrontendMsg),
+    ],
+)
+def test_api_fields_and_logprobs_round_trip(msg, base):
+    assert _same(msg, _wire(msg, base))
+
+
+def test_merged_replies_keep_every_logprob():
+    first = UserReply(1, "a", False, prompt_tokens=2, logprobs=TextLogprobs(["a"], [-0.5], [["a"]], [[-0.5]]),
+                      prompt_logprobs=TextLogprobs(["x"], [None], [[]], [[]]), prompt_text="x")
+    later = UserReply(1, "b", True, "length", logprobs=TextLogprobs(["b"], [-0.7], [["c"]], [[-0.1]]))
+    merged = first.followed_by(later)
+    assert merged.incremental_output == "ab" and merged.logprobs.tokens == ["a", "b"]
+    assert merged.logprobs.logprobs == [-0.5, -0.7] and merged.logprobs.top_tokens == [["a"], ["c"]]
+    assert merged.prompt_text == "x" and merged.prompt_logprobs.tokens == ["x"]
+    assert first.logprobs.tokens == ["a"]  # the parts are left as they were
 
 
 def test_unknown_type_on_the_wire_is_refused():

@@ -1,9 +1,11 @@
 """The official `openai` client against the real server on SmolLM2: greedy text equals the offline LLM and HF,
-usage is right, stop strings and stop token ids cut where they should, streaming and not."""
+usage is right, stop strings and stop token ids cut where they should, streaming and not; stage 4's logprobs
+equal log_softmax of HF's logits and its response_format outputs validate against their schemas."""
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import httpx
@@ -14,6 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stage4_fast.core import SamplingParams
 from stage4_fast.harness import server_process
+
+from .api_reference import hf_logprobs
 
 PROMPT = "The capital of France is"
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
@@ -197,3 +201,112 @@ def test_upstream_generate_endpoint(server, references):
     body = {"prompt": PROMPT, "max_tokens": N, "ignore_eos": True, "stream": False}
     r = httpx.post(f"{server.base_url}/generate", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["text"] == references["raw"]["text"]
+
+
+# ---- the production API (stage 4): logprobs and response_format on the real model ---------------------------------
+
+K = 5  # alternatives asked per position
+LP_TOKENS = 8  # tokens whose logprobs are checked
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_logprobs_equal_hf(client, model_id, references, smollm2_dir, tok, stream):
+    ids = references["raw"]["token_ids"][:LP_TOKENS]
+    kwargs = dict(model=model_id, prompt=PROMPT, max_tokens=LP_TOKENS, temperature=0, logprobs=K,
+                  extra_body={"ignore_eos": True})
+    if stream:
+        tokens, values, tops = [], [], []
+        for c in client.completions.create(stream=True, **kwargs):
+            lp = c.choices[0].logprobs
+            if lp is not None:
+                tokens, values, tops = tokens + lp.tokens, values + lp.token_logprobs, tops + lp.top_logprobs
+    else:
+        lp = client.completions.create(**kwargs).choices[0].logprobs
+        tokens, values, tops = lp.tokens, lp.token_logprobs, lp.top_logprobs
+        assert lp.text_offset == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    reference = hf_logprobs(smollm2_dir, references["raw_ids"] + ids)
+    start = len(references["raw_ids"]) - 1
+    assert tokens == [tok.decode([t]) for t in ids]
+    assert values == pytest.approx([reference[start + i, t].item() for i, t in enumerate(ids)], abs=1e-4)
+    for i, top in enumerate(tops):
+        best = reference[start + i].topk(K)
+        assert list(top) == [tok.decode([t]) for t in best.indices.tolist()]
+        assert list(top.values()) == pytest.approx(best.values.tolist(), abs=1e-4)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_equal_hf(client, model_id, references, smollm2_dir, chat_ids, tok, stream):
+    ids = references["chat"]["token_ids"][:LP_TOKENS]
+    kwargs = dict(model=model_id, messages=QUESTION, max_tokens=LP_TOKENS, temperature=0, logprobs=True,
+                  top_logprobs=K)
+    if stream:
+        content = [e for c in client.chat.completions.create(stream=True, **kwargs)
+                   if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    else:
+        content = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    reference = hf_logprobs(smollm2_dir, chat_ids + ids)
+    start = len(chat_ids) - 1
+    assert [e.token for e in content] == [tok.decode([t]) for t in ids]
+    assert [e.bytes for e in content] == [list(tok.decode([t]).encode()) for t in ids]
+    assert [e.logprob for e in content] == pytest.approx([reference[start + i, t].item() for i, t in enumerate(ids)],
+                                                         abs=1e-4)
+    for i, e in enumerate(content):
+        best = reference[start + i].topk(K)
+        assert [a.token for a in e.top_logprobs] == [tok.decode([t]) for t in best.indices.tolist()]
+        assert [a.logprob for a in e.top_logprobs] == pytest.approx(best.values.tolist(), abs=1e-4)
+
+
+def test_echo_with_logprobs_returns_the_prompt(client, model_id, references, smollm2_dir):
+    prompt_ids = references["raw_ids"]
+    r = client.completions.create(model=model_id, prompt=PROMPT, max_tokens=2, temperature=0, logprobs=1,
+                                  echo=True)
+    choice = r.choices[0]
+    assert choice.text == PROMPT + references["raw"]["text"][: len(choice.text) - len(PROMPT)]
+    lp = choice.logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and len(lp.tokens) == len(prompt_ids) + 2
+    reference = hf_logprobs(smollm2_dir, prompt_ids)
+    expected = [reference[i - 1, prompt_ids[i]].item() for i in range(1, len(prompt_ids))]
+    assert lp.token_logprobs[1 : len(prompt_ids)] == pytest.approx(expected, abs=1e-4)
+
+
+# schemas of every kind the JSON grammar handles: nested objects, enums and booleans, arrays, numbers
+SCHEMAS = {
+    "nested": {"type": "object", "required": ["name", "address"], "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "address": {"type": "object", "required": ["city", "zip"], "properties": {
+            "city": {"type": "string", "maxLength": 24}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}}},
+    }},
+    "enum": {"type": "object", "required": ["color", "ok"],
+             "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}}},
+    "array": {"type": "object", "required": ["tags"], "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3}}},
+    "numbers": {"type": "object", "required": ["x", "n"], "properties": {
+        "x": {"type": "number", "minimum": -1000, "maximum": 1000}, "n": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 100}}},
+}
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_json_schema_output_parses_and_validates(client, model_id, name):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = SCHEMAS[name]
+    r = client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": f"Reply with a JSON object ({name})."}],
+        max_tokens=80, temperature=0, response_format={"type": "json_schema",
+                                                       "json_schema": {"name": name, "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"  # the grammar completed and allowed only EOS
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_json_object_output_is_a_json_object(client, model_id):
+    r = client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Describe Paris as JSON."}], max_tokens=80,
+        temperature=0, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_unsupported_schema_is_a_400(client, model_id):
+    with pytest.raises(openai.BadRequestError, match="unsupported JSON schema"):
+        client.chat.completions.create(
+            model=model_id, messages=QUESTION, max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "tensor"}}})

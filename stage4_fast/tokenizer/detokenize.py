@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Tuple
 
 from transformers import PreTrainedTokenizerBase
 
-from ..message import DetokenizeMsg, UserReply
+from ..message import DetokenizeMsg, TextLogprobs, TokenLogprobs, UserReply
 
 _REPLACEMENT = "\ufffd"
 
@@ -49,6 +49,7 @@ class DetokenizeManager:
         self.tokenizer = tokenizer
         self.decode_map: Dict[int, DecodeStatus] = {}
         self._decode_batch = batch_decoder(tokenizer)
+        self._token_text: Dict[int, str] = {}  # token id -> its text alone, for logprobs (at most the vocabulary)
 
     def detokenize(self, msgs: List[DetokenizeMsg]) -> List[UserReply]:
         # a batch may hold several steps (the worker drains its queue): one request's messages stay in order
@@ -88,6 +89,12 @@ class DetokenizeManager:
                 completion_tokens=s.completion_tokens,
                 cached_tokens=s.cached_tokens,
                 error=msg.error,
+                # stage 4: logprobs of every generated token, the final EOS or stop token too (it is not in the
+                # text; vLLM reports it, and lm-eval counts on one logprob per token), and the echoed prompt
+                logprobs=self._as_text(msg.logprobs) if msg.logprobs is not None else None,
+                prompt_logprobs=self._as_text(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None,
+                prompt_text=(self._decode_batch([msg.prompt_logprobs.token_ids], msg.skip_special_tokens)[0]
+                             if msg.prompt_logprobs else None),
             ))
         return replies
 
@@ -103,6 +110,17 @@ class DetokenizeManager:
                 s.decoded_str += text[len(prefix) :]
                 s.surr_offset = s.read_offset
                 s.read_offset = len(s.decoded_ids)
+
+    def _as_text(self, lp: TokenLogprobs) -> TextLogprobs:
+        return TextLogprobs([self._text_of(t) for t in lp.token_ids], list(lp.logprobs),
+                            [[self._text_of(t) for t in top] for top in lp.top_ids], lp.top_logprobs)
+
+    def _text_of(self, token_id: int) -> str:
+        """A token's own text, as vLLM reports it (a piece of a multi-byte character decodes to U+FFFD)."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     def _record(self, msg: DetokenizeMsg) -> DecodeStatus:
         if msg.finished:

@@ -3,7 +3,7 @@ plus garbage bodies, wrong methods and unknown paths) against a real server. Nev
 afterwards the server answers a greedy request exactly as before.
 
 Generation is bounded to keep CI fast: a drawn ``max_tokens`` within the context (or null) is cut to 8, and a chat
-request without one gets 8 (otherwise each would run to the end of the context).
+request without one gets 8 (otherwise each would run to the end of the context); a drawn ``n`` above 4 is cut to 4.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .common import wait_idle
 EXAMPLES_PER_BODY_ENDPOINT = 140
 EXAMPLES_OTHER = 90
 MAX_TOKENS_CAP = 8
+MAX_CHOICES_CAP = 4
 CLIENT_TIMEOUT_S = 30.0  # a request that takes longer counts as hung
 _sent: Dict[str, int] = {}
 # no shrinking: a failure prints the request as drawn, and shrinking would replay hung requests for minutes
@@ -84,6 +85,9 @@ def _bounded(path: str, body: Any, max_seq_len: int) -> Any:
             body[key] = MAX_TOKENS_CAP  # null means "up to the context", as long as an absent one
     if path == "/v1/chat/completions" and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_TOKENS_CAP
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and MAX_CHOICES_CAP < n:
+        body["n"] = MAX_CHOICES_CAP  # n choices are n requests
     return body
 
 

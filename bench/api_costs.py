@@ -1,0 +1,134 @@
+"""What the production API's sampling fields cost (stage4): one offline batch with logprobs, echo, penalties, logit
+bias, min-p or a JSON-schema grammar, against the same batch without.
+
+    python -m bench api-costs [--model DIR] [--out FILE.md] [--repeats 2] [--num-seqs 8]
+
+Workload: `--num-seqs` requests (random.seed(0)), prompts of randint(32, 128) token ids, 24 output tokens each,
+EOS ignored, fp32, stage4's `LLM.generate`. Every variant sets its field on every request. The grammar variant
+asks for a JSON array of at least 40 integers, which 24 tokens cannot finish, so it too produces 24 tokens per
+request (and, while it runs, the scheduler gives up overlapping steps: the mask needs the previous token). The
+variants run in turn, `--repeats` rounds; each row is its fastest round (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from . import meta
+
+DEFAULT_MODEL = meta.ROOT / "models" / "SmolLM2-135M-Instruct"
+OUTPUT_LEN = 24
+GRAMMAR = json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 40})
+
+
+def variants(vocab_size: int) -> list[tuple[str, str, dict]]:
+    """(label, baseline label, SamplingParams fields on top of the baseline's)."""
+    bias = [(t, 2.0) for t in range(1000, vocab_size, vocab_size // 16)][:16]  # 16 biased ids per request
+    return [
+        ("greedy", "greedy", {}),
+        ("greedy + logprobs=5", "greedy", {"logprobs": 5}),
+        ("greedy + logprobs=20", "greedy", {"logprobs": 20}),
+        ("greedy + echo, logprobs=1", "greedy", {"logprobs": 1, "echo": True}),
+        ("greedy + presence, frequency, repetition penalties", "greedy",
+         {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2}),
+        ("greedy + logit_bias (16 ids)", "greedy", {"logit_bias": bias}),
+        ("greedy + json_schema (xgrammar)", "greedy", {"json_schema": GRAMMAR}),
+        ("sampled (T=1, top_p=0.95, seed)", "sampled (T=1, top_p=0.95, seed)", {}),
+        ("sampled + min_p=0.05", "sampled (T=1, top_p=0.95, seed)", {"min_p": 0.05}),
+    ]
+
+
+def measure(model: str, repeats: int, num_seqs: int) -> dict:
+    import torch
+
+    from stage4_fast import LLM, SamplingParams
+
+    from .workloads import offline_cpu
+
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    w = offline_cpu(vocab, num_seqs=num_seqs, prompt_len=(32, 128), output_len=(OUTPUT_LEN, OUTPUT_LEN))
+    # the naive cache: every round prefills every prompt again, as the first round did
+    llm = LLM(model, dtype=torch.float32, cache_type="naive")
+    greedy = SamplingParams(temperature=0.0, max_tokens=OUTPUT_LEN, ignore_eos=True)
+    bases = {"greedy": greedy, "sampled (T=1, top_p=0.95, seed)": replace(greedy, temperature=1.0, top_p=0.95)}
+    llm.generate([list(range(100, 116))], replace(greedy, max_tokens=4), use_tqdm=False)  # warm-up
+    rows: dict = {}
+    for _ in range(repeats):
+        for label, base, fields in variants(vocab):
+            params = [replace(bases.get(base, greedy), seed=i if "sampled" in base else None, **fields)
+                      for i in range(len(w.prompts))]
+            if label == "greedy + json_schema (xgrammar)":
+                llm.generate([w.prompts[0]], params[0], use_tqdm=False)  # compile and load xgrammar untimed
+            start = time.perf_counter()
+            results = llm.generate(w.prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            row = rows.setdefault(label, {"base": base, "seconds": []})
+            row["seconds"].append(seconds)
+            row["output_tokens"] = sum(len(r["token_ids"]) for r in results)
+            row["outputs"] = [r["token_ids"] for r in results]
+    llm.shutdown()
+    return {"rows": rows, "prompt_tokens": w.prompt_tokens, "threads": torch.get_num_threads(),
+            "num_seqs": num_seqs}
+
+
+def report(res: dict, args: argparse.Namespace, run_info: dict, loads: tuple[str, str], total_s: float) -> str:
+    rows = res["rows"]
+    lines = [
+        "# What the production API's sampling fields cost (stage4, CPU)",
+        "",
+        f"- date: {run_info['date']}; code: {run_info['git']}",
+        f"- machine: {run_info['hardware']}",
+        f"- command: `{run_info['command']}`",
+        f"- model: {meta.relative(args.model)}, fp32, `LLM.generate`, naive cache; {run_info['versions']}, "
+        f"{res['threads']} threads",
+        f"- workload: {res['num_seqs']} requests, seed 0, prompts randint(32, 128) ids ({res['prompt_tokens']} "
+        f"tokens), {OUTPUT_LEN} output tokens each, EOS ignored; every field set on every request",
+        f"- load average (1/5/15 min) before: {loads[0]}, after: {loads[1]}; total {total_s:.0f} s; "
+        f"each row: the fastest of {args.repeats} rounds (variants interleaved)",
+        "",
+        "| variant | output tokens | seconds | output tok/s | vs its baseline | outputs equal the baseline's |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for label, row in rows.items():
+        best = min(row["seconds"])
+        base = rows[row["base"]]
+        rel = min(base["seconds"]) / best
+        equal = sum(a == b for a, b in zip(row["outputs"], base["outputs"]))
+        same = "—" if label == row["base"] else f"{equal}/{len(base['outputs'])}"
+        lines.append(f"| {label} | {row['output_tokens']} | {best:.2f} | {row['output_tokens'] / best:.1f} | "
+                     f"{rel:.2f}× | {same} |")
+    lines += [
+        "",
+        "Logprobs and echo only read the logits (the outputs stay the baseline's); penalties, bias, grammar and "
+        "min-p change what is sampled, so their outputs differ by design. vs its baseline > 1 is faster.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench api-costs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="markdown file to write (default: bench/local/cpu-api-costs.md, gitignored)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--num-seqs", type=int, default=8)
+    args = ap.parse_args(argv)
+    out = args.out or meta.LOCAL / "cpu-api-costs.md"
+    run_info = meta.run_meta("python -m bench api-costs", argv)
+    load_start, t0 = meta.load(), time.perf_counter()
+    res = measure(args.model, args.repeats, args.num_seqs)
+    text = report(res, args, run_info, (load_start, meta.load()), time.perf_counter() - t0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""Logit processors of the OpenAI / vLLM sampling fields, batched: one call handles every request of a batch that
+uses the field (the others' rows are left alone).
+
+Order in the sampler, as vLLM's: logit bias and penalties on the raw logits (so they steer greedy requests too),
+the grammar mask, then temperature, min-p, top-k, top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LogitBiasArgs:
+    """Every (batch row, token id, bias) of the batch's requests that set ``logit_bias``."""
+
+    rows: torch.Tensor  # [n] device int64
+    token_ids: torch.Tensor  # [n] device int64
+    biases: torch.Tensor  # [n] device fp32
+
+
+def apply_logit_bias(logits: torch.Tensor, args: LogitBiasArgs) -> None:
+    """In place: ``logits[row, id] += bias`` (OpenAI's logit_bias, added before anything else)."""
+    logits.index_put_((args.rows, args.token_ids), args.biases.to(logits.dtype), accumulate=True)
+
+
+@dataclass
+class PenaltyArgs:
+    """The rows of the batch with a penalty, and where their tokens are in the token pool.
+
+    Each penalised row reads positions ``start .. start + length`` of its token-pool row: the output so far, and
+    the prompt before it when a repetition penalty asks for it (padding positions are masked out). The ids are
+    read from the pool when sampling, not when the batch is prepared: with overlap scheduling the host does not
+    know the previous step's token yet, the device does.
+    """
+
+    rows: torch.Tensor  # [m] device int64: rows of the batch
+    presence: torch.Tensor  # [m] fp32
+    frequency: torch.Tensor  # [m] fp32
+    repetition: torch.Tensor  # [m] fp32
+    pool_rows: torch.Tensor  # [m, L] device int64: token-pool row of each position read
+    positions: torch.Tensor  # [m, L] device int64
+    is_output: torch.Tensor  # [m, L] bool: a generated token (counted by presence / frequency)
+    is_seen: torch.Tensor  # [m, L] bool: a prompt or generated token (not padding)
+
+
+def apply_penalties(logits: torch.Tensor, token_pool: torch.Tensor, args: PenaltyArgs) -> None:
+    """In place, vLLM's formulas. For a token seen in the prompt or the output, the logit is divided by the
+    repetition penalty when positive and multiplied by it when negative; then ``frequency * count in the output``
+    and ``presence * (count > 0)`` are subtracted."""
+    vocab, m = logits.shape[-1], len(args.rows)
+    # padding reads id `vocab`: an extra column, cut off below
+    ids = torch.where(args.is_seen, token_pool[args.pool_rows, args.positions].long(), vocab)
+    counts = torch.zeros(m, vocab + 1, dtype=torch.float32, device=logits.device)
+    counts = counts.scatter_add_(1, ids, args.is_output.float())[:, :vocab]
+    seen = torch.zeros(m, vocab + 1, dtype=torch.bool, device=logits.device).scatter_(1, ids, True)[:, :vocab]
+    x = logits[args.rows].float()
+    rep = args.repetition[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - args.frequency[:, None] * counts - args.presence[:, None] * (counts > 0).float()
+    logits[args.rows] = x.to(logits.dtype)
+
+
+def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Zero the tokens whose probability is below ``min_p`` times the row's largest (min_p 0 keeps everything);
+    the caller renormalises."""
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return probs.masked_fill(probs < threshold, 0.0)

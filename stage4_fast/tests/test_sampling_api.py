@@ -1,0 +1,165 @@
+"""The production API's sampling fields against reference formulas (vLLM's semantics): penalties, logit bias, min-p
+batched in the sampler, and logprobs (also of an echoed prompt) equal to log_softmax of HF's logits."""
+
+from __future__ import annotations
+
+import math
+from typing import List
+
+import pytest
+import torch
+
+from stage4_fast.core import Batch, Req, SamplingParams
+from stage4_fast.engine import Sampler
+from stage4_fast.sampling import apply_logit_bias, apply_min_p, apply_penalties
+
+from .api_reference import hf_logprobs, reference_penalties
+
+VOCAB = 50
+
+
+def _decode_req(row: int, prompt: List[int], num_out: int, params: SamplingParams) -> Req:
+    """A request about to sample its (num_out + 1)-th token: its prompt and num_out outputs have KV. Only the
+    prompt is on the host: the sampler must read the outputs from the token pool (with overlap scheduling the
+    host learns the last one a step late)."""
+    req = Req(torch.tensor(prompt, dtype=torch.int32), row, 0, 16, row, params)
+    req.device_len = len(prompt) + num_out
+    req.cached_len = req.device_len - 1
+    return req
+
+
+def test_penalties_match_the_reference_formula_and_read_the_token_pool():
+    gen = torch.Generator().manual_seed(0)
+    cases = [  # (prompt, output so far, params)
+        ([3, 4, 5, 3], [7, 7, 4, 9, 7], SamplingParams(presence_penalty=0.5, frequency_penalty=0.3)),
+        ([1, 2], [2, 2, 8], SamplingParams(repetition_penalty=1.7)),
+        ([10, 11, 12], [], SamplingParams(repetition_penalty=0.6, presence_penalty=-1.0)),  # first token
+        ([6], [6, 20, 21, 20], SamplingParams(presence_penalty=1.0, frequency_penalty=-0.5, repetition_penalty=1.3)),
+        ([30, 31], [32], SamplingParams()),  # no penalty: its row is left alone
+    ]
+    token_pool = torch.zeros(len(cases), 64, dtype=torch.int32)
+    reqs = []
+    for row, (prompt, output, params) in enumerate(cases):
+        token_pool[row, : len(prompt) + len(output)] = torch.tensor(prompt + output)
+        reqs.append(_decode_req(row, prompt, len(output), params))
+    logits = torch.randn(len(cases), VOCAB, generator=gen) * 3
+    sampler = Sampler(torch.device("cpu"), VOCAB)
+    args = sampler.prepare(Batch(reqs, "decode"), token_pool)
+    assert args.penalties is not None and args.penalties.rows.tolist() == [0, 1, 2, 3]
+    processed = logits.clone()
+    apply_penalties(processed, token_pool, args.penalties)
+    for row, (prompt, output, params) in enumerate(cases):
+        torch.testing.assert_close(processed[row], reference_penalties(logits[row], prompt, output, params))
+    # and they steer greedy requests: the argmax is taken after them
+    assert torch.equal(sampler.sample(logits, args), processed.argmax(-1))
+
+
+def test_no_api_field_no_extra_work():
+    reqs = [_decode_req(i, [1, 2], 1, SamplingParams(temperature=0.7)) for i in range(3)]
+    args = Sampler(torch.device("cpu"), VOCAB).prepare(Batch(reqs, "decode"))
+    assert not args.processes_logits and args.logprobs is None and args.min_p is None
+
+
+def test_logit_bias_adds_to_the_named_logits_only():
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(logit_bias=[(4, 2.5), (9, -100.0)]), SamplingParams(),
+              SamplingParams(logit_bias=[(4, 1.0)])]
+    reqs = [_decode_req(i, [1], 1, p) for i, p in enumerate(params)]
+    sampler = Sampler(torch.device("cpu"), VOCAB)
+    args = sampler.prepare(Batch(reqs, "decode"))
+    assert args.logit_bias is not None
+    processed = logits.clone()
+    apply_logit_bias(processed, args.logit_bias)
+    expected = logits.clone()
+    expected[0, 4] += 2.5
+    expected[0, 9] -= 100.0
+    expected[2, 4] += 1.0
+    torch.testing.assert_close(processed, expected)
+    forced = [SamplingParams(logit_bias=[(13, 100.0)])] * 2
+    forced_args = sampler.prepare(Batch([_decode_req(i, [1], 1, p) for i, p in enumerate(forced)], "decode"))
+    assert sampler.sample(logits[:2], forced_args).tolist() == [13, 13]  # greedy follows the bias
+
+
+def test_min_p_keeps_tokens_at_least_min_p_times_the_likeliest():
+    probs = torch.tensor([[0.5, 0.2, 0.14, 0.1, 0.06], [0.3, 0.3, 0.2, 0.1, 0.1]])
+    kept = apply_min_p(probs, torch.tensor([0.25, 0.0]))
+    assert kept[0].nonzero().flatten().tolist() == [0, 1, 2]  # threshold 0.125
+    assert torch.equal(kept[1], probs[1])  # min_p 0 keeps everything
+    # sampled: only those tokens, in proportion to their renormalised probabilities
+    n = 20000
+    logits = probs[0].log()
+    reqs = [_decode_req(i, [1], 1, SamplingParams(temperature=1.0, min_p=0.25)) for i in range(n)]
+    sampler = Sampler(torch.device("cpu"), 5, seed=5)
+    tokens = sampler.sample(logits.expand(n, -1), sampler.prepare(Batch(reqs, "decode")))
+    freq = torch.bincount(tokens, minlength=5).double() / n
+    expected = torch.tensor([0.5, 0.2, 0.14, 0.0, 0.0], dtype=torch.float64) / 0.84
+    for p, f in zip(expected.tolist(), freq.tolist()):  # 5 standard deviations of a binomial frequency
+        assert abs(f - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-12, (f, p)
+
+
+def test_a_prompt_chunk_gets_no_processing():
+    params = SamplingParams(presence_penalty=1.0, logit_bias=[(3, 5.0)], logprobs=2)
+    chunk = Req(torch.arange(8, dtype=torch.int32), 0, 0, 0, 0, params)  # output_len 0: a chunk cannot decode
+    args = Sampler(torch.device("cpu"), VOCAB).prepare(Batch([chunk], "prefill"), torch.zeros(1, 16, dtype=torch.int32))
+    assert args.penalties is None and args.logit_bias is None
+    assert args.logprobs is not None and args.logprobs.rows_host == []
+
+
+# ---- logprobs against HF ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_dir):
+    from stage4_fast.llm import LLM
+
+    # chunks of 8 tokens: an echoed prompt's logprobs are gathered over several chunks
+    llm = LLM(str(tiny_dir), dtype=torch.float32, num_page_override=512, max_extend_tokens=8, cache_type="radix")
+    yield llm
+    llm.shutdown()
+
+
+def test_logprobs_equal_log_softmax_of_hf_logits(tiny_llm, tiny_dir):
+    prompt = [(37 * i + 11) % 3000 + 100 for i in range(21)]
+    params = [
+        SamplingParams(max_tokens=6, ignore_eos=True, logprobs=5, echo=True),
+        # the raw model's logprobs, whatever steers the sampling
+        SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3, echo=True, temperature=1.3, seed=4, min_p=0.05,
+                       presence_penalty=1.0, repetition_penalty=1.2, logit_bias=[(500, 3.0)]),
+        SamplingParams(max_tokens=4, ignore_eos=True, logprobs=0),  # no alternatives, no prompt
+    ]
+    results = tiny_llm.generate([prompt] * 3, params, use_tqdm=False)
+    for result, p in zip(results, params):
+        ids = prompt + result["token_ids"]
+        ref = hf_logprobs(tiny_dir, ids)
+        out = result["logprobs"]
+        assert out.token_ids == result["token_ids"]
+        for step, (value, top_ids, top_values) in enumerate(zip(out.logprobs, out.top_ids, out.top_logprobs)):
+            row = ref[len(prompt) - 1 + step]
+            assert abs(value - row[ids[len(prompt) + step]].item()) < 1e-4
+            assert len(top_ids) == p.logprobs and top_ids == row.topk(p.logprobs).indices.tolist()
+            torch.testing.assert_close(torch.tensor(top_values, dtype=torch.float64), row[top_ids], atol=1e-4,
+                                       rtol=0)
+        if p.echo:
+            echoed = result["prompt_logprobs"]
+            assert echoed.token_ids == prompt and echoed.logprobs[0] is None and echoed.top_ids[0] == []
+            expected = [ref[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+            assert max(abs(a - b) for a, b in zip(echoed.logprobs[1:], expected)) < 1e-4
+            assert all(top == ref[i].topk(p.logprobs).indices.tolist()
+                       for i, top in enumerate(echoed.top_ids[1:]))
+        else:
+            assert "prompt_logprobs" not in result
+
+
+def test_echo_logprobs_survive_a_cached_prompt(tiny_llm, tiny_dir):
+    prompt = [(53 * i + 7) % 3000 + 100 for i in range(40)]
+    plain = SamplingParams(max_tokens=2, ignore_eos=True)
+    tiny_llm.generate([prompt], plain, use_tqdm=False)  # the prompt is now in the radix cache
+    assert tiny_llm.cache_manager.prefix_cache.match_prefix(torch.tensor(prompt)).cuda_handle.cached_len >= 32
+    echo = SamplingParams(max_tokens=2, ignore_eos=True, logprobs=1, echo=True)
+    first, second = tiny_llm.generate([prompt, prompt], echo, use_tqdm=False)
+    ref = hf_logprobs(tiny_dir, prompt)
+    expected = [ref[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+    for result in (first, second):
+        got = result["prompt_logprobs"].logprobs
+        assert got[0] is None and len(got) == len(prompt)
+        assert max(abs(a - b) for a, b in zip(got[1:], expected)) < 1e-4

@@ -1,0 +1,154 @@
+"""The production API through the official `openai` client, on the tiny Qwen3 server: n samples sharing one
+prefill and reproducible with a seed, several prompts per request, penalties / logit bias / min-p against HF
+with the reference formulas, echo with logprobs when the prompt is cached, streamed choices, and a grammar that
+holds even a random model to its schema."""
+
+from __future__ import annotations
+
+import json
+from typing import List
+
+import httpx
+import openai
+import pytest
+
+from stage4_fast.core import SamplingParams
+
+from .api_reference import hf_greedy_with_penalties, hf_logprobs
+
+PROMPT = [(41 * i + 3) % 5000 + 200 for i in range(70)]  # token ids: the tiny model shares SmolLM2's vocabulary
+
+
+@pytest.fixture(scope="module")
+def client(tiny_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def complete(client, tiny_dir):
+    def run(prompt, **kwargs):
+        kwargs.setdefault("max_tokens", 8)
+        return client.completions.create(model=str(tiny_dir), prompt=prompt, **kwargs)
+
+    return run
+
+
+def _prefill_tokens(server) -> int:
+    return httpx.get(f"{server.base_url}/v1/stats", timeout=30).json()["scheduler"]["prefill_tokens"]
+
+
+def test_n_samples_share_one_prefill_and_a_seed_reproduces_them(complete, tiny_server):
+    prompt = [t + 1 for t in PROMPT]  # not cached by another test
+    before = _prefill_tokens(tiny_server)
+    r = complete(prompt, n=4, temperature=1.0, seed=1234, extra_body={"ignore_eos": True})
+    computed = _prefill_tokens(tiny_server) - before
+    # the first sample computes the prompt; the others take it from the radix cache and compute only what
+    # is past its last full page (page size 4), the last token included
+    assert len(prompt) <= computed <= len(prompt) + 3 * 4, computed
+    texts = [c.text for c in r.choices]
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and len(set(texts)) == 4  # seed + j: distinct samples
+    again = complete(prompt, n=4, temperature=1.0, seed=1234, extra_body={"ignore_eos": True})
+    assert [c.text for c in again.choices] == texts
+    assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == 4 * 8
+
+
+def test_several_prompts_times_n_come_in_order(complete):
+    prompts = [PROMPT[:20], PROMPT[20:45]]
+    r = complete(prompts, n=2, temperature=0, extra_body={"ignore_eos": True})
+    singles = [complete(p, temperature=0, extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+    assert [c.text for c in r.choices] == [singles[0], singles[0], singles[1], singles[1]]
+    assert r.usage.prompt_tokens == 45
+
+
+def test_streamed_choices_reassemble_to_the_plain_ones(complete):
+    kwargs = dict(n=3, temperature=0.9, seed=7, logprobs=2, extra_body={"ignore_eos": True})
+    plain = complete(PROMPT[:30], **kwargs)
+    texts, logprobs = ["", "", ""], [[], [], []]
+    for chunk in complete(PROMPT[:30], stream=True, **kwargs):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            logprobs[c.index] += c.logprobs.token_logprobs if c.logprobs else []
+    assert texts == [c.text for c in plain.choices]
+    for got, c in zip(logprobs, plain.choices):
+        assert got == pytest.approx(c.logprobs.token_logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(presence_penalty=1.5),
+    SamplingParams(frequency_penalty=0.7),
+    SamplingParams(repetition_penalty=1.8),
+    SamplingParams(presence_penalty=-0.5, frequency_penalty=0.4, repetition_penalty=0.7),
+    SamplingParams(logit_bias=[(PROMPT[0], 5.0), (PROMPT[1], -100.0)]),
+], ids=["presence", "frequency", "repetition", "all three", "logit_bias"])
+def test_greedy_with_penalties_equals_hf_with_the_reference_formula(complete, tiny_dir, params):
+    prompt = PROMPT[:12]
+    r = complete(prompt, max_tokens=10, temperature=0, presence_penalty=params.presence_penalty,
+                  frequency_penalty=params.frequency_penalty,
+                  logit_bias={str(t): b for t, b in params.logit_bias} or None, logprobs=0,
+                  extra_body={"ignore_eos": True, "repetition_penalty": params.repetition_penalty})
+    expected = hf_greedy_with_penalties(tiny_dir, prompt, 10, params)
+    # the output's token ids, through their logprob-by-position (each output token is the argmax we expect)
+    reference = hf_logprobs(tiny_dir, prompt + expected)
+    got = r.choices[0].logprobs.token_logprobs
+    assert got == pytest.approx([reference[len(prompt) - 1 + i, t].item() for i, t in enumerate(expected)],
+                                abs=1e-4)
+
+
+def test_logit_bias_forces_a_token(complete):
+    r = complete(PROMPT[:10], max_tokens=5, temperature=0.8, seed=3, logit_bias={"1234": 100},
+                  extra_body={"ignore_eos": True}, logprobs=0)
+    assert r.choices[0].logprobs.tokens == [r.choices[0].logprobs.tokens[0]] * 5  # token 1234 every time
+
+
+def test_min_p_one_keeps_only_the_likeliest_token(complete):
+    greedy = complete(PROMPT[:10], temperature=0, extra_body={"ignore_eos": True})
+    sampled = complete(PROMPT[:10], temperature=1.5, seed=11, extra_body={"ignore_eos": True, "min_p": 1.0})
+    assert sampled.choices[0].text == greedy.choices[0].text
+
+
+def _echo_logprobs(complete, prompt: List[int]) -> List[float | None]:
+    # what lm-eval's local-completions sends for a loglikelihood request
+    r = complete(prompt, max_tokens=1, temperature=0, logprobs=1, echo=True, seed=1234)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(prompt) + 1 and lp.top_logprobs[0] is None
+    assert r.choices[0].text.startswith("".join(lp.tokens[: len(prompt)]))
+    return lp.token_logprobs
+
+
+def test_echo_logprobs_equal_hf_also_for_a_cached_prompt(complete, tiny_server, tiny_dir):
+    prompt = [t + 2 for t in PROMPT]
+    complete(prompt, max_tokens=2, temperature=0)  # now the prompt is in the radix cache
+    before = _prefill_tokens(tiny_server)
+    first = _echo_logprobs(complete, prompt)
+    assert _prefill_tokens(tiny_server) - before == len(prompt)  # echo recomputes the whole prompt
+    second = _echo_logprobs(complete, prompt)
+    reference = hf_logprobs(tiny_dir, prompt)
+    expected = [None] + [reference[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+    for got in (first, second):
+        assert got[0] is None
+        assert got[1 : len(prompt)] == pytest.approx(expected[1:], abs=1e-4)
+
+
+def test_a_schema_holds_every_sample_of_a_random_model(client, tiny_dir):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "required": ["color", "ok", "size"], "properties": {
+        "color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"},
+        "size": {"enum": ["S", "M", "L"]}}}
+    r = client.chat.completions.create(
+        model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}], max_tokens=40, temperature=1.0, seed=5,
+        n=3, response_format={"type": "json_schema", "json_schema": {"name": "shirt", "schema": schema}})
+    for choice in r.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_the_token_that_ends_a_request_has_its_logprob(complete, tiny_dir):
+    """The stop token is not in the text but is in the logprobs (as vLLM): lm-eval's loglikelihood reads one
+    entry per prompt token plus one per generated token, and drops the last."""
+    prompt = PROMPT[:10]
+    first = int(hf_logprobs(tiny_dir, prompt)[-1].argmax())
+    r = complete(prompt, max_tokens=4, temperature=0, logprobs=1, echo=True, extra_body={"stop_token_ids": [first]})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and r.usage.completion_tokens == 1
+    assert len(choice.logprobs.token_logprobs) == len(prompt) + 1
+    assert choice.text == "".join(choice.logprobs.tokens[: len(prompt)])  # the stop token's text is not shown
