@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from ..core import Batch, Req
 
 
+MAX_TEMPERATURE = 1e30
+
+
 @dataclass
 class BatchSamplingArgs:
     temperatures: torch.Tensor | None  # [bs] float32; None: the whole batch is greedy; 0 marks a greedy request
@@ -82,6 +85,9 @@ def sample_impl(
     greedy = temperatures < GREEDY_TEMPERATURE
     # Upstream gives greedy requests temperature 1e-6, which is greedy only up to near-ties; we take the argmax.
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    # A temperature beyond float32's range is inf, and a grammar-masked logit over it NaN (-inf / inf); at 1e30
+    # every finite logit divides to 0 already, so capping changes nothing else.
+    temps = temps.clamp(max=MAX_TEMPERATURE)
     probs = torch.softmax(logits.float() / temps[:, None], dim=-1)
     if min_p is not None:  # before top-k / top-p, as vLLM
         probs = apply_min_p(probs, min_p)

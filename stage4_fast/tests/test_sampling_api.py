@@ -97,6 +97,18 @@ def test_min_p_keeps_tokens_at_least_min_p_times_the_likeliest():
         assert abs(f - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-12, (f, p)
 
 
+def test_a_grammar_mask_survives_an_infinite_temperature():
+    # 1e308 is inf in float32: a masked logit (-inf) over it was NaN and multinomial raised (found by the fuzzer)
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(2))
+    allowed = torch.zeros(2, VOCAB, dtype=torch.bool)
+    allowed[:, [3, 17]] = True
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    reqs = [_decode_req(i, [1], 1, SamplingParams(temperature=1e308, min_p=0.5)) for i in range(2)]
+    sampler = Sampler(torch.device("cpu"), VOCAB)
+    for _ in range(10):
+        assert set(sampler.sample(masked, sampler.prepare(Batch(reqs, "decode"))).tolist()) <= {3, 17}
+
+
 def test_a_prompt_chunk_gets_no_processing():
     params = SamplingParams(presence_penalty=1.0, logit_bias=[(3, 5.0)], logprobs=2)
     chunk = Req(torch.arange(8, dtype=torch.int32), 0, 0, 0, 0, params)  # output_len 0: a chunk cannot decode
