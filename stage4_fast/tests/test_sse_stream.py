@@ -1,6 +1,6 @@
-"""The SSE stream and abort on disconnect, without a server: `_sse_stream` turns a request's deltas into OpenAI's
-event stream and always closes them; `FrontendManager.replies` aborts a request whose consumer stops early (a client
-that disconnects cancels the stream), and only then."""
+"""The SSE stream and abort on disconnect, without a server: `_sse_stream` turns a request's deltas (stage 4: each
+choice's) into OpenAI's event stream and always closes them; `FrontendManager.replies` aborts a request whose
+consumer stops early (a client that disconnects cancels the stream), and only then."""
 
 from __future__ import annotations
 
@@ -43,9 +43,10 @@ def delta(text: str, finish: str | None = None) -> Delta:
 
 def events(first: Delta, rest: FakeDeltas, head: bool = False, usage: bool = True) -> List[str]:
     async def run() -> List[str]:
-        chunk = lambda d: {"text": None if d is None else d.text}  # noqa: E731
-        usage_chunk = (lambda d: {"usage": d.completion_tokens}) if usage else None
-        return [e async for e in _sse_stream(first, rest, chunk, usage_chunk, head=head)]
+        chunk = lambda i, d: {"text": None if d is None else d.text}  # noqa: E731
+        usage_chunk = (lambda finals: {"usage": sum(d.completion_tokens for d in finals)}) if usage else None
+        heads = [chunk(0, None)] if head else []
+        return [e async for e in _sse_stream([first], [rest], chunk, usage_chunk, heads)]
 
     return asyncio.run(run())
 
@@ -72,12 +73,27 @@ def test_a_consumer_that_stops_early_closes_the_deltas():
     rest = FakeDeltas([delta("a"), delta("b"), delta("c", "length")])
 
     async def run() -> None:
-        stream = _sse_stream(delta("x"), rest, lambda d: {"t": d.text}, None)
+        stream = _sse_stream([delta("x")], [rest], lambda i, d: {"t": d.text}, None)
         assert (await stream.__anext__()).startswith("data: ")
         await stream.aclose()
 
     asyncio.run(run())
     assert rest.closed
+
+
+def test_choices_stream_as_they_come_and_usage_waits_for_all():
+    """n > 1: every choice's chunks carry its index; the usage comes once every choice has finished."""
+    a, b = FakeDeltas([delta("a2"), delta("a3", "length")]), FakeDeltas([delta("b2", "stop")])
+
+    async def run() -> List[str]:
+        chunk = lambda i, d: {"i": i, "text": d.text}  # noqa: E731
+        return [e async for e in _sse_stream([delta("a1"), delta("b1")], [a, b], chunk,
+                                             lambda finals: {"usage": len(finals)})]
+
+    got = [json.loads(e[len("data: "):]) for e in asyncio.run(run())[:-1]]
+    assert [c["text"] for c in got if c.get("i") == 0] == ["a1", "a2", "a3"]
+    assert [c["text"] for c in got if c.get("i") == 1] == ["b1", "b2"]
+    assert got[-1] == {"usage": 2} and a.closed and b.closed
 
 
 def frontend() -> tuple[FrontendManager, list]:
