@@ -294,7 +294,15 @@ class SamplingFields(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+def _top_logprobs_needs_logprobs(schema: Dict[str, Any], cls: type) -> None:
+    _add_not_implemented(schema, cls)
+    # the schema states the rule the validator enforces (OpenAI's and vLLM's): top_logprobs only with logprobs
+    schema["if"] = {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]}
+    schema["then"] = {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}
+
+
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_top_logprobs_needs_logprobs)
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
     messages: List[ChatMessage] = Field(min_length=1)
     max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
