@@ -77,7 +77,7 @@ CASES = [
      "invalid_request"),
     ("unknown response_format", CHAT, {"messages": MSG, "response_format": {"type": "yaml"}}, 400, "invalid_value"),
     ("json_schema format without a schema", CHAT, {"messages": MSG, "response_format": {"type": "json_schema"}},
-     400, "invalid_value"),
+     400, "missing_required_parameter"),
     ("unsupported JSON schema", CHAT,
      {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "foo"}}}},
      400, "invalid_request"),
