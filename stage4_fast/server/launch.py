@@ -274,6 +274,13 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         workers.stop()
+    if workers.link is not None:
+        # the node link's watcher threads sit in a gloo receive, which interpreter teardown can abort (SIGABRT);
+        # the cleanup above is done, so leave without that teardown
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     sys.exit(exit_code)
 
 
