@@ -16,7 +16,7 @@
 # accuracy sweep throughput": its GPU tests, `bench kv-accuracy` against a bf16 KV cache through KV_BACKENDS
 # (default triton), the fp8 decode-launch sweep, and the offline workload + server burst with kv_cache_dtype auto
 # and fp8_e4m3 into kv_throughput.jsonl; KV_SECONDS stops each part after that many seconds).
-# Environment: OUT = results folder (default /tmp/gpu_check): env.txt (date, GPU, driver, versions, commit),
+# Environment: RESULTS_DIR = results folder (default /tmp/gpu_check): env.txt (date, GPU, driver, versions, commit),
 # gpu_tests.txt/.xml, bench.txt and the benchmark's results files, tp*.jsonl. PYTEST_K narrows the tests (pytest -k),
 # e.g. PYTEST_K=triton after a change to the Triton kernels. BENCH_ARGS replaces the benchmark's arguments (default:
 # the full `--gpu` run), e.g. "--stages stage4 --no-ablations --no-serve". TESTS_TIMEOUT / BENCH_TIMEOUT stop a part
@@ -45,9 +45,9 @@ if [[ $MODE == download ]]; then
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
 fi
 
-out=${OUT:-/tmp/gpu_check}
-mkdir -p "$out"
-exec > >(tee -a "$out/gpu_check.log") 2>&1
+results_dir=${RESULTS_DIR:-/tmp/gpu_check}
+mkdir -p "$results_dir"
+exec > >(tee -a "$results_dir/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 # NVLink multicast (NVLS) off, as in the recorded GPU results: on shared or virtualised multi-GPU hosts it can take
 # the GPUs out of service, and the all-reduces of 2 GPUs do not need it
@@ -81,7 +81,7 @@ for p in ("torch", "triton", "transformers", "flashinfer-python", "apache-tvm-ff
         print(p, "not installed")
 PY
   nvcc --version | tail -1
-} | tee "$out/env.txt"
+} | tee "$results_dir/env.txt"
 
 make_models() {
   # the tiny models are seeded on the CPU, so they equal the ones the CPU tests use (as in noxfile.py's GPU_MODELS)
@@ -98,14 +98,14 @@ run_tests() {
   # the GPU subset, as noxfile.py's GPU_TESTS
   maybe_timeout "${TESTS_TIMEOUT:-}" python3 -m pytest stage4_fast/tests/test_gpu.py \
     stage4_fast/tests/test_fused_kernels.py -v -rs -s -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
-    --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.txt"
+    --junitxml="$results_dir/gpu_tests.xml" 2>&1 | tee "$results_dir/gpu_tests.txt"
   return "${PIPESTATUS[0]}"
 }
 
 run_bench() {
   [[ -f models/qwen3-0.6b-shape/config.json ]] || python3 -m models make qwen3-0.6b-shape --device cuda
   # shellcheck disable=SC2086
-  maybe_timeout "${BENCH_TIMEOUT:-}" python3 -m bench --gpu ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.txt"
+  maybe_timeout "${BENCH_TIMEOUT:-}" python3 -m bench --gpu ${BENCH_ARGS:-} --out "$results_dir" 2>&1 | tee "$results_dir/bench.txt"
   return "${PIPESTATUS[0]}"
 }
 
@@ -114,36 +114,36 @@ case $MODE in
   tests) run_tests || status=$? ;;
   bench) run_bench || status=$? ;;
   all) run_tests || status=$?; run_bench || status=$? ;;
-  tp) python3 -m models make tiny-qwen3 && python3 -m bench tp --out "$out" --deadline-s "${TP_DEADLINE:-300}" \
+  tp) python3 -m models make tiny-qwen3 && python3 -m bench tp --out "$results_dir" --deadline-s "${TP_DEADLINE:-300}" \
         || status=$? ;;
   tp8b) python3 -m models make qwen3-8b-shape --device cuda || status=$?
     for part in ${TP8B_PARTS:-throughput logits allreduce}; do
       case $part in
-        throughput) python3 -m bench tp --out "$out" --no-tiny --shapes ${TP8B_SHAPES:-qwen3-8b-shape:256} \
+        throughput) python3 -m bench tp --out "$results_dir" --no-tiny --shapes ${TP8B_SHAPES:-qwen3-8b-shape:256} \
                       --deadline-s $(( ${TP8B_SECONDS:-570} - SECONDS )) || status=$? ;;
-        logits) python3 -m bench tp-logits --parts logits --out "$out" || status=$? ;;
-        allreduce) timeout 150 python3 -m bench tp-logits --parts allreduce --out "$out" || status=$? ;;
+        logits) python3 -m bench tp-logits --parts logits --out "$results_dir" || status=$? ;;
+        allreduce) timeout 150 python3 -m bench tp-logits --parts allreduce --out "$results_dir" || status=$? ;;
       esac
     done ;;
   kv) make_models || status=$?
     for part in ${KV_PARTS:-tests accuracy throughput}; do
       case $part in
         tests) PYTEST_K=${PYTEST_K:-fp8} TESTS_TIMEOUT=${KV_SECONDS:-} run_tests || status=$? ;;
-        accuracy) maybe_timeout "${KV_SECONDS:-}" python3 -m bench kv-accuracy --gpu --out "$out" \
+        accuracy) maybe_timeout "${KV_SECONDS:-}" python3 -m bench kv-accuracy --gpu --out "$results_dir" \
                     --backends ${KV_BACKENDS:-triton} || status=$? ;;
         sweep) maybe_timeout "${KV_SECONDS:-}" python3 -m bench decode-sweep --kv-dtype fp8_e4m3 \
-                 --json "$out/decode_sweep_fp8.json" || status=$? ;;
+                 --json "$results_dir/decode_sweep_fp8.json" || status=$? ;;
         throughput) for kv in auto fp8_e4m3; do
             maybe_timeout "${KV_SECONDS:-}" python3 -m bench worker --stage stage4_fast --gpu --json \
               --task offline,serve_offline --model models/qwen3-0.6b-shape --options "{\"kv_cache_dtype\": \"$kv\"}" \
-              >> "$out/kv_throughput.jsonl" || status=$?
+              >> "$results_dir/kv_throughput.jsonl" || status=$?
           done ;;
       esac
     done ;;
   *) echo "usage: $0 download|tests|bench|all|tp|tp8b|kv"; exit 2 ;;
 esac
 if [[ ${SAVE_JIT:-0} == 1 ]]; then
-  (cd /tmp && tar czf - jit) | split -b 15m - "$out/jit.tgz." && echo "JIT cache saved to $out/jit.tgz.*"
+  (cd /tmp && tar czf - jit) | split -b 15m - "$results_dir/jit.tgz." && echo "JIT cache saved to $results_dir/jit.tgz.*"
 fi
 echo "gpu_check $MODE: exit $status"
 exit "$status"
