@@ -2,12 +2,14 @@
 bias, min-p or a JSON-schema grammar, against the same batch without.
 
     python -m bench api-costs [--model DIR] [--out FILE.md] [--repeats 2] [--num-seqs 8]
+    python -m bench api-costs --gpu   # CUDA, bf16, the Qwen3-0.6B shape, 256 requests of 128 output tokens
 
-Workload: `--num-seqs` requests (random.seed(0)), prompts of randint(32, 128) token ids, 24 output tokens each,
-EOS ignored, fp32, stage4's `LLM.generate`. Every variant sets its field on every request. The grammar variant
-asks for a JSON array of at least 40 integers, which 24 tokens cannot finish, so it too produces 24 tokens per
-request (and, while it runs, the scheduler gives up overlapping steps: the mask needs the previous token). The
-variants run in turn, `--repeats` rounds; each row is its fastest round (the machine is shared).
+Workload: `--num-seqs` requests (random.seed(0)), prompts of randint(32, 128) token ids (GPU: randint(128, 512)),
+24 output tokens each (GPU: 128), EOS ignored, fp32 (GPU: bf16), stage4's `LLM.generate`. Every variant sets its
+field on every request. The grammar variant asks for a JSON array of at least 200 integers, which the output length
+cannot finish, so it too produces the full output length per request (and, while it runs, the scheduler gives up
+overlapping steps: the mask needs the previous token). The variants run in turn, `--repeats` rounds; each row is
+its fastest round (the machine is shared).
 """
 
 from __future__ import annotations
@@ -16,13 +18,27 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import meta
 
 DEFAULT_MODEL = meta.ROOT / "models" / "SmolLM2-135M-Instruct"
-OUTPUT_LEN = 24
+GPU_MODEL = meta.ROOT / "models" / "qwen3-0.6b-shape"  # python -m models make qwen3-0.6b-shape --device cuda
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where the costs are measured: the CPU bench's small batch, or a GPU batch of a size a server runs."""
+
+    device: str
+    prompt_len: tuple[int, int]
+    output_len: int
+    num_seqs: int
+
+
+CPU = Setting("cpu", (32, 128), 24, 8)
+GPU = Setting("cuda", (128, 512), 128, 256)
 GRAMMAR = json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 40})
 
 
@@ -43,7 +59,7 @@ def variants(vocab_size: int) -> list[tuple[str, str, dict]]:
     ]
 
 
-def measure(model: str, repeats: int, num_seqs: int) -> dict:
+def measure(model: str, repeats: int, setting: Setting) -> dict:
     import torch
 
     from stage4_fast import LLM, SamplingParams
@@ -51,10 +67,12 @@ def measure(model: str, repeats: int, num_seqs: int) -> dict:
     from .workloads import offline_cpu
 
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    w = offline_cpu(vocab, num_seqs=num_seqs, prompt_len=(32, 128), output_len=(OUTPUT_LEN, OUTPUT_LEN))
+    w = offline_cpu(vocab, num_seqs=setting.num_seqs, prompt_len=setting.prompt_len,
+                    output_len=(setting.output_len, setting.output_len))
     # the naive cache: every round prefills every prompt again, as the first round did
-    llm = LLM(model, dtype=torch.float32, cache_type="naive")
-    greedy = SamplingParams(temperature=0.0, max_tokens=OUTPUT_LEN, ignore_eos=True)
+    dtype = torch.bfloat16 if setting.device == "cuda" else torch.float32
+    llm = LLM(model, dtype=dtype, cache_type="naive")  # CUDA when there is a GPU
+    greedy = SamplingParams(temperature=0.0, max_tokens=setting.output_len, ignore_eos=True)
     bases = {"greedy": greedy, "sampled (T=1, top_p=0.95, seed)": replace(greedy, temperature=1.0, top_p=0.95)}
     llm.generate([list(range(100, 116))], replace(greedy, max_tokens=4), use_tqdm=False)  # warm-up
     rows: dict = {}
@@ -64,6 +82,8 @@ def measure(model: str, repeats: int, num_seqs: int) -> dict:
                       for i in range(len(w.prompts))]
             if label == "greedy + json_schema (xgrammar)":
                 llm.generate([w.prompts[0]], params[0], use_tqdm=False)  # compile and load xgrammar untimed
+            if setting.device == "cuda":
+                torch.cuda.synchronize()
             start = time.perf_counter()
             results = llm.generate(w.prompts, params, use_tqdm=False)
             seconds = time.perf_counter() - start
@@ -73,21 +93,23 @@ def measure(model: str, repeats: int, num_seqs: int) -> dict:
             row["outputs"] = [r["token_ids"] for r in results]
     llm.shutdown()
     return {"rows": rows, "prompt_tokens": w.prompt_tokens, "threads": torch.get_num_threads(),
-            "num_seqs": num_seqs}
+            "setting": setting}
 
 
 def report(res: dict, args: argparse.Namespace, run_info: dict, loads: tuple[str, str], total_s: float) -> str:
-    rows = res["rows"]
+    rows, setting = res["rows"], res["setting"]
+    gpu = setting.device == "cuda"
     lines = [
-        "# What the production API's sampling fields cost (stage4, CPU)",
+        f"# What the production API's sampling fields cost (stage4, {'GPU' if gpu else 'CPU'})",
         "",
         f"- date: {run_info['date']}; code: {run_info['git']}",
         f"- machine: {run_info['hardware']}",
         f"- command: `{run_info['command']}`",
-        f"- model: {meta.relative(args.model)}, fp32, `LLM.generate`, naive cache; {run_info['versions']}, "
-        f"{res['threads']} threads",
-        f"- workload: {res['num_seqs']} requests, seed 0, prompts randint(32, 128) ids ({res['prompt_tokens']} "
-        f"tokens), {OUTPUT_LEN} output tokens each, EOS ignored; every field set on every request",
+        f"- model: {meta.relative(args.model)}, {'bf16' if gpu else 'fp32'}, `LLM.generate`, naive cache; "
+        f"{run_info['versions']}" + ("" if gpu else f", {res['threads']} threads"),
+        f"- workload: {setting.num_seqs} requests, seed 0, prompts randint{setting.prompt_len} ids "
+        f"({res['prompt_tokens']} tokens), {setting.output_len} output tokens each, EOS ignored; every field set on "
+        "every request",
         f"- load average (1/5/15 min) before: {loads[0]}, after: {loads[1]}; total {total_s:.0f} s; "
         f"each row: the fastest of {args.repeats} rounds (variants interleaved)",
         "",
@@ -112,16 +134,22 @@ def report(res: dict, args: argparse.Namespace, run_info: dict, loads: tuple[str
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench api-costs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, the Qwen3-0.6B shape, 256 requests")
+    ap.add_argument("--model", default=None, help=f"default: {meta.relative(DEFAULT_MODEL)} "
+                                                  f"(--gpu: {meta.relative(GPU_MODEL)})")
     ap.add_argument("--out", type=Path, default=None,
-                    help="markdown file to write (default: bench/local/cpu-api-costs.md, gitignored)")
+                    help="markdown file to write (default: bench/local/{cpu,h200}-api-costs.md, gitignored)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--num-seqs", type=int, default=8)
+    ap.add_argument("--num-seqs", type=int, default=None, help=f"default {CPU.num_seqs} (--gpu: {GPU.num_seqs})")
     args = ap.parse_args(argv)
-    out = args.out or meta.LOCAL / "cpu-api-costs.md"
-    run_info = meta.run_meta("python -m bench api-costs", argv)
+    setting = GPU if args.gpu else CPU
+    if args.num_seqs:
+        setting = replace(setting, num_seqs=args.num_seqs)
+    args.model = args.model or str(GPU_MODEL if args.gpu else DEFAULT_MODEL)
+    out = args.out or meta.LOCAL / f"{'h200' if args.gpu else 'cpu'}-api-costs.md"
+    run_info = meta.run_meta("python -m bench api-costs", argv, gpu=args.gpu)
     load_start, t0 = meta.load(), time.perf_counter()
-    res = measure(args.model, args.repeats, args.num_seqs)
+    res = measure(args.model, args.repeats, setting)
     text = report(res, args, run_info, (load_start, meta.load()), time.perf_counter() - t0)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
