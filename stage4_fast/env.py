@@ -39,6 +39,8 @@ class _Env:
     CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
     # the fused Triton element-wise kernels of 16-bit GPU forwards (kernel/triton_fused.py), off for A/B measurements
     DISABLE_FUSED_KERNELS = EnvVar("DISABLE_FUSED_KERNELS", False, _parse_bool)
+    # the Triton GEMV of one-token forwards (kernel/triton_gemv.py), off for A/B measurements
+    DISABLE_GEMV = EnvVar("DISABLE_GEMV", False, _parse_bool)
     # the Triton attention's dots over an fp8 KV cache under 16-bit queries: "fp16" (fp8 converts to it exactly and
     # cheaply; 8 % faster decode attention on the H200, bench/results/h200.md) or "q" (the queries' dtype), for A/B runs
     TRITON_FP8_DOTS = EnvVar("TRITON_FP8_DOTS", "fp16", str)

@@ -51,4 +51,16 @@ def fused_kernels_for(x: torch.Tensor):
     return triton_fused
 
 
-__all__ = ["fused_kernels_for", "indexing", "load_cuda_kernels", "store_cache"]
+def gemv_kernel_for(x: torch.Tensor):
+    """The Triton GEMV (``triton_gemv``) when it applies to the activation ``x`` of a linear layer: one row, a CUDA
+    tensor in bf16/fp16, not switched off by MINISGL_DISABLE_GEMV. Else None: callers use F.linear."""
+    if x.dim() != 2 or x.shape[0] != 1 or not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
+        return None
+    if ENV.DISABLE_GEMV.value:
+        return None
+    from . import triton_gemv
+
+    return triton_gemv
+
+
+__all__ = ["fused_kernels_for", "gemv_kernel_for", "indexing", "load_cuda_kernels", "store_cache"]

@@ -14,7 +14,6 @@ from ..layers import (
     LinearRowParallel,
     MoELayer,
     RMSNorm,
-    silu_and_mul,
 )
 from .config import ModelConfig
 
@@ -29,7 +28,8 @@ class GatedMLP(BaseOP):
         self.down_proj = LinearRowParallel(config.intermediate_size, config.hidden_size, has_bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
+        # silu(gate) * up, then down_proj: F.linear after the SiLU-and-mul kernel, or one GEMV for a single token
+        return self.down_proj.forward(self.gate_up_proj.forward(x), silu_mul_input=True)
 
 
 class MoEMLP(BaseOP):

@@ -1,0 +1,75 @@
+"""A Triton GEMV for the linear layers of a one-token forward (single-stream decode): y = x @ W.T (+ bias), x [1, K];
+for the MLP's down projection with the SiLU-and-mul of its input folded in (one kernel less per layer).
+
+At one row cuBLAS picks latency-bound kernels on the H200: the four GEMMs of a Qwen3-0.6B layer took 26 us for
+31 MB of weights (the attention output projection alone 12 us for 4 MB, 0.34 TB/s), 0.73 ms of a 1.40 ms decode
+step (bench/gpu_notes.md, "single stream"). A GEMV is a pure weight stream: each program owns BLOCK_N output rows,
+walks K in BLOCK_K slices, multiplies in fp32 and reduces once at the end; the grid is wide enough (hundreds of
+programs) to keep every SM's loads in flight.
+
+Rounding: fp32 products and sums, one rounding to the output dtype, as cuBLAS's fp32 accumulation; only the order
+of the fp32 sum differs (last-bit differences in the 16-bit result). The engine uses it for CUDA tensors in
+bf16/fp16 only (``kernel.gemv_kernel_for``); ``MINISGL_DISABLE_GEMV=1`` switches it off for A/B runs. The tests
+run it under Triton's interpreter on CPU against ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gemv_kernel(X, W, Bias, Y, N, K, stride_wn,
+                 HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # element-wise partial sums: one reduction at the end
+    w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < K
+        if GATED:  # X = [gate | up], 2K wide: silu(gate) * up, rounded where the unfused kernels round
+            g = tl.load(X + k, mask=k_mask, other=0.0)
+            u = tl.load(X + K + k, mask=k_mask, other=0.0)
+            gf = g.to(tl.float32)
+            s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+            x = (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+        else:
+            x = tl.load(X + k, mask=k_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(Bias + rows, mask=row_mask, other=0.0).to(tl.float32)
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_mask)
+
+
+# Launch (output rows per program, K slice, warps) from `python -m bench gemv-sweep` on the H200 at the Qwen3-0.6B
+# shapes (bench/gpu_notes.md, "single stream"): narrow outputs (o_proj, down_proj: 1,024) want 2 rows per program
+# so that 512 programs cover the GPU, wide ones (qkv 4,096, gate_up 6,144) 8 rows and shorter K slices.
+GEMV_NARROW = (2, 1024, 4)
+GEMV_WIDE = (8, 512, 2)
+GEMV_WIDE_FROM = 4096  # outputs
+
+
+def gemv_launch(n: int) -> tuple[int, int, int]:
+    """(output rows per program, K slice, warps) for ``n`` outputs."""
+    return GEMV_WIDE if n >= GEMV_WIDE_FROM else GEMV_NARROW
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+    """x [1, K] (``gated``: [1, 2K] = [gate | up], multiplied as silu(gate) * up first), weight [N, K] with unit
+    stride along K, bias [N] or None -> [1, N] in x's dtype."""
+    assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
+    n, k = weight.shape
+    assert x.shape[1] == (2 * k if gated else k), f"x has {x.shape[1]} features, the weight {k}"
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = gemv_launch(n)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
+        HAS_BIAS=bias is not None, GATED=gated, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )
+    return y
