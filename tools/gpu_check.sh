@@ -37,6 +37,8 @@ WHEELS=(  # what stage4 needs beyond torch/transformers, at the versions the CPU
   flashinfer-python==0.5.3 apache-tvm-ffi==0.1.15.post2  # attention kernels (JIT-compiled on first use)
   pyzmq==27.3.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5
   annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2
+  setproctitle==1.3.8  # the server names its processes (without it the server does not start)
+  xgrammar==0.2.9  # response_format (python -m bench api-costs --gpu)
 )
 
 if [[ $MODE == download ]]; then
