@@ -92,12 +92,36 @@ def sample_impl(
     if min_p is not None:  # before top-k / top-p, as vLLM
         probs = apply_min_p(probs, min_p)
     probs = filter_probs(probs, top_k, top_p)
-    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    for i, seed in enumerate(seeds or ()):
-        if seed is not None:  # a seeded request's draw depends only on its seed and position, not its batch
-            own = torch.Generator(device=probs.device).manual_seed(seed)
-            sampled[i] = torch.multinomial(probs[i], 1, generator=own)[0]
-    return torch.where(greedy, logits.argmax(dim=-1), sampled)
+    uniforms = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=torch.float64)
+    seeded = [(i, seeded_uniform(seed)) for i, seed in enumerate(seeds or ()) if seed is not None]
+    if seeded:  # a seeded request's draw depends only on its seed and position, not on its batch
+        rows, values = zip(*seeded)
+        uniforms[list(rows)] = make_device_tensor(list(values), torch.float64, probs.device)
+    return torch.where(greedy, logits.argmax(dim=-1), draw_by_inverse_cdf(probs, uniforms))
+
+
+def seeded_uniform(seed: int) -> float:
+    """A uniform number in [0, 1) from a 64-bit seed: splitmix64's finaliser (a bijection that mixes every input
+    bit into every output bit), top 53 bits as a double. Pure integer arithmetic: the same on every device."""
+    mask = (1 << 64) - 1
+    z = (seed + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return (z >> 11) / float(1 << 53)
+
+
+def draw_by_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` [bs, V] (rows need not sum to 1): the first token whose cumulative mass exceeds
+    ``uniforms`` [bs] (in [0, 1)) times the row's total, which draws token i with probability p_i / sum(p). A token of
+    zero probability adds no mass, so it is never drawn. The whole batch in one cumulative sum and one search,
+    where a seeded request once needed a generator and a multinomial call of its own: 256 seeded requests sampled
+    at 7,765 output tok/s against 42,777 greedy on the H200 (bench/results/h200-api-costs.md). The sum runs in
+    float64: fp32 over 152k entries would shift the boundaries of the smallest probabilities."""
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    target = (uniforms * cdf[:, -1]).unsqueeze(1)
+    drawn = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return drawn.clamp_(max=probs.shape[-1] - 1)  # only a NaN row (no valid distribution) lands past the end
 
 
 class Sampler:

@@ -133,3 +133,32 @@ def test_prepare_builds_per_request_tensors():
     assert args.temperatures.tolist() == [0.0, 0.800000011920929, 1.2000000476837158]
     assert args.top_k.tolist() == [VOCAB, 5, VOCAB]  # no limit = the whole vocabulary
     assert args.top_p.tolist() == [1.0, 1.0, 0.8999999761581421]
+
+
+def test_per_request_seeds_draw_from_the_distribution():
+    """n requests with n different seeds, one batched draw: the frequencies are those of the distribution (the
+    seeded uniforms are uniform), top-p applied."""
+    n = 40000
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    args = BatchSamplingArgs(torch.ones(n), top_p=torch.full((n,), 0.9), seeds=list(range(10**6, 10**6 + n)))
+    tokens = Sampler(torch.device("cpu"), 5, seed=0).sample(logits.expand(n, -1), args)
+    expected = filter_probs(logits.softmax(-1)[None], None, torch.tensor([0.9]))[0]
+    _assert_frequencies_match(tokens, expected)
+
+
+def test_a_seeded_draw_depends_on_its_seed_not_on_its_batch():
+    logits = _logits(8, seed=5)
+    alone = _sampler(1).sample(logits[3:4], BatchSamplingArgs(torch.ones(1), seeds=[12345]))
+    seeds = [None, 7, None, 12345, None, None, 9, None]
+    for generator_seed in (2, 3):  # the unseeded rows draw differently, the seeded one does not
+        tokens = _sampler(generator_seed).sample(logits, BatchSamplingArgs(torch.ones(8), seeds=seeds))
+        assert tokens[3] == alone[0]
+
+
+def test_inverse_cdf_draw_never_returns_a_zero_probability_token():
+    from stage4_fast.engine.sample import draw_by_inverse_cdf
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 5)  # unnormalised rows work too: the total scales the draw
+    uniforms = torch.tensor([0.0, 0.25, 0.5, 0.75, 1 - 2**-53], dtype=torch.float64)
+    assert draw_by_inverse_cdf(probs, uniforms).tolist() == [1, 1, 3, 3, 3]
+    assert draw_by_inverse_cdf(probs * 7, uniforms).tolist() == [1, 1, 3, 3, 3]
