@@ -8,12 +8,14 @@ Shapes: the running requests at decode steps 200, 600 and 950 (Qwen3-0.6B: 16 q 
 Prints the fastest launch configurations (block of keys, warps, stages, split count) per shape in TB/s of KV read,
 the best configuration summed over the three shapes, and the fused q/k norm + RoPE kernel's time at batch 224.
 This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (bench/gpu_notes.md);
-``--kv-dtype fp8_e4m3`` sweeps the same shapes over an fp8 KV cache (DECODE_LAUNCH_FP8), bytes counted as stored.
+``--kv-dtype fp8_e4m3`` sweeps the same shapes over an fp8 KV cache (DECODE_LAUNCH_FP8), bytes counted as stored;
+``--fp8-convert bits`` widens the fp8 bytes with integer shifts instead of Triton's conversion.
 """
 import argparse
 import functools
 import itertools
 import json
+import os
 
 import torch
 import triton
@@ -31,7 +33,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", default=None, help="write every timing here (with the run's date, commit, versions)")
     ap.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3", "fp8_e5m2"],
                     help="what the KV cache stores")
+    ap.add_argument("--fp8-convert", default=None, choices=["cast", "bits"],
+                    help="how the kernels widen fp8 K/V (sets MINISGL_TRITON_FP8_CONVERT; default: the engine's)")
     args = ap.parse_args(argv)
+    if args.fp8_convert:
+        os.environ["MINISGL_TRITON_FP8_CONVERT"] = args.fp8_convert
     kv_dtype = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[
         args.kv_dtype]
 
