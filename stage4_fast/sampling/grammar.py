@@ -13,8 +13,10 @@ can emit newlines until ``max_tokens`` runs out (vLLM and SGLang allow any white
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
+import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Dict, List
 
@@ -48,14 +50,34 @@ def _schema_error(e: Exception) -> GrammarError:
 
 
 class GrammarBackend:
-    """Compiled grammars and one matcher per request that has one (keyed by uid). Built lazily: the tokenizer
-    table costs about a second, paid by the first request with a response_format."""
+    """Compiled grammars and one matcher per request that has one (keyed by uid). The compiler (importing
+    xgrammar and building the tokenizer's table: 3 to 8 s) is built by the first request with a response_format,
+    or, in a server, by ``warm_up_in_background`` at start-up: built by that first request it stalled every running
+    stream for those seconds."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's)
         self._compiler: Any = None
+        self._compiler_lock = threading.Lock()  # the warm-up thread and the scheduler build it once between them
+        self.warm_up_thread: threading.Thread | None = None
         self.matchers: Dict[int, Any] = {}
+
+    def warm_up_in_background(self) -> bool:
+        """Build the compiler on a daemon thread when xgrammar is installed and there is a tokenizer; a request that
+        needs it before the thread is done waits for it (no second build). False when there is nothing to build."""
+        if self.tokenizer is None or importlib.util.find_spec("xgrammar") is None:
+            return False
+
+        def build() -> None:
+            try:
+                self._get_compiler()
+            except Exception as e:  # noqa: BLE001 (a broken install: the first request will say what is wrong)
+                logger.warning("response_format warm-up failed: %s", e)
+
+        self.warm_up_thread = threading.Thread(target=build, name="xgrammar-warm-up", daemon=True)
+        self.warm_up_thread.start()
+        return True
 
     @property
     def active(self) -> bool:
@@ -65,13 +87,14 @@ class GrammarBackend:
         return uid in self.matchers
 
     def _get_compiler(self) -> Any:
-        if self._compiler is None:
-            xgr = _xgrammar()
-            if self.tokenizer is None:
-                raise GrammarError("response_format needs the model's tokenizer")
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        return self._compiler
+        with self._compiler_lock:
+            if self._compiler is None:
+                xgr = _xgrammar()
+                if self.tokenizer is None:
+                    raise GrammarError("response_format needs the model's tokenizer")
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            return self._compiler
 
     def add(self, uid: int, schema: str) -> None:
         compiler = self._get_compiler()

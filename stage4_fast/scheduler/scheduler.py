@@ -97,6 +97,8 @@ class Scheduler(SchedulerIOMixin):
         # response_format: a grammar matcher per request that has one (sampling/grammar.py)
         self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)
         self.engine.sampler.grammar = self.grammar
+        if not config.offline_mode:  # a server: xgrammar's start-up cost off the first structured request's path
+            self.grammar.warm_up_in_background()
         # echo with logprobs: uid -> the prompt logprobs of the chunks prefilled so far
         self._prompt_logprobs: Dict[int, TokenLogprobs] = {}
         self.num_prefill_tokens = 0  # prompt tokens computed (not served by the prefix cache), for /v1/stats

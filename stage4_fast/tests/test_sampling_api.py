@@ -175,3 +175,27 @@ def test_echo_logprobs_survive_a_cached_prompt(tiny_llm, tiny_dir):
         got = result["prompt_logprobs"].logprobs
         assert got[0] is None and len(got) == len(prompt)
         assert max(abs(a - b) for a, b in zip(got[1:], expected)) < 1e-4
+
+
+def test_a_server_builds_the_grammar_compiler_at_start_up(smollm2_dir, monkeypatch):
+    """xgrammar's import and the tokenizer's table once took the first structured request (and every running stream
+    with it) seconds on a GPU machine: a server builds them on a thread at start-up, and a request arriving before
+    the thread is done waits for the same compiler instead of building a second one."""
+    pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from stage4_fast.sampling import grammar as grammar_module
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert not grammar_module.GrammarBackend(None, 49152).warm_up_in_background()  # no tokenizer: nothing to do
+    backend = grammar_module.GrammarBackend(tokenizer, 49152)
+    assert backend.warm_up_in_background()
+    backend.add(1, '{"type": "object"}')  # may run while the thread builds: it waits for it
+    assert backend.warm_up_thread is not None
+    backend.warm_up_thread.join(timeout=120)
+    compiler = backend._compiler
+    assert compiler is not None and backend.has(1)
+    backend.add(2, '{"type": "array"}')
+    assert backend._compiler is compiler
+    monkeypatch.setattr(grammar_module.importlib.util, "find_spec", lambda name: None)  # xgrammar not installed
+    assert not grammar_module.GrammarBackend(tokenizer, 49152).warm_up_in_background()
