@@ -143,10 +143,10 @@ class LLMAdapter:
         self.prefill_tokens = 0  # tokens computed by prefill forwards (what a prefix cache saves)
         forward_batch, send_result = self.llm.engine.forward_batch, self.llm.send_result
 
-        def counting_forward_batch(batch, args):  # extend_len is read before the forward advances the requests
+        def counting_forward_batch(batch, args, *hooks):  # extend_len is read before the forward advances them
             if batch.is_prefill:
                 self.prefill_tokens += sum(r.extend_len for r in batch.reqs)
-            return forward_batch(batch, args)
+            return forward_batch(batch, args, *hooks)  # stage4's before_sampling passes through
 
         def timed_send_result(reply):
             now = time.perf_counter()

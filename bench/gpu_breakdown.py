@@ -130,7 +130,7 @@ class Instrument:
             self.profiles["eager" if self.eager else "graph"] = prof
             self.eager, self._prof = False, None
 
-    def forward_batch(self, batch, args):
+    def forward_batch(self, batch, args, before_sampling=None):
         index = len(self.steps)
         self._profile_hook(index, before=True)
         rec = {"phase": batch.phase, "bs": batch.size, "padded": len(getattr(batch, "padded_reqs", batch.reqs)),
@@ -140,7 +140,7 @@ class Instrument:
             start.record()
         t0 = time.perf_counter()
         rec["t_launch_s"] = t0 - self.t_ref
-        out = self._forward(batch, args)
+        out = self._forward(batch, args, before_sampling)
         rec["host_forward_s"] = time.perf_counter() - t0
         if self.cuda:
             end.record()

@@ -47,12 +47,15 @@ def _run_stub_scheduler(config, ack_queue, parent_pid: int, stage: str, step_s: 
         scheduler = scheduler_mod.Scheduler(config)
         vocab = scheduler.engine.config.model_config.vocab_size
 
-        def forward_batch(batch, args):
+        def forward_batch(batch, args, before_sampling=None):
             if step_s:
                 time.sleep(step_s)
             tokens = []
             for req in batch.reqs:
                 req.complete_one()
+            if before_sampling is not None:  # stage4: the scheduler's bookkeeping of a launched batch
+                before_sampling()
+            for req in batch.reqs:
                 tokens.append(100 + (req.uid * 7919 + req.device_len * 104729) % (vocab - 200))
             t = torch.tensor(tokens, dtype=torch.int32)
             return engine_mod.ForwardOutput(t, t, record_event(scheduler.device))

@@ -5,7 +5,7 @@ the layers' collectives join the ranks' partial results."""
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -225,7 +225,11 @@ class Engine:
         assert num_pages > 1, "not enough memory for the KV cache"
         return num_pages
 
-    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs,
+                      before_sampling: Callable[[], None] | None = None) -> ForwardOutput:
+        """Forward, sample, and start the copy of the tokens to the host. ``before_sampling``: host work to do once
+        the forward is launched (on a GPU the device runs it meanwhile) and before the sampler reads ``args``; the
+        grammar masks are filled after it (the scheduler catches up with the previous step there)."""
         if is_cuda(self.device):
             assert current_stream(self.device) == self.stream, "run forward_batch on the engine stream"
         # Several engines may live in one process (tests); the layers read the global context, so make it ours.
@@ -239,6 +243,9 @@ class Engine:
                 logits = self.model.forward()
             for req in batch.reqs:
                 req.complete_one()
+            if before_sampling is not None:
+                before_sampling()
+            self.sampler.fill_grammar_mask(args)
             next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
             logprobs = self.sampler.logprobs(logits[: batch.size], next_tokens_gpu, args, batch,
                                              self.model.lm_head.compute_logits)

@@ -43,7 +43,9 @@ class BatchSamplingArgs:
     min_p: torch.Tensor | None = None  # [bs] float32 in [0, 1]
     logit_bias: LogitBiasArgs | None = None
     penalties: PenaltyArgs | None = None
-    grammar_bitmask: torch.Tensor | None = None  # [bs, ceil(V / 32)] int32 on the device
+    grammar_uids: List[int | None] | None = None  # per row, the uid whose grammar masks it (None: no mask)
+    grammar_bitmask: torch.Tensor | None = None  # [bs, ceil(V / 32)] int32 on the device, by fill_grammar_mask
+    grammar_rows: torch.Tensor | None = None  # [bs] bool on the device: the rows a grammar masks
     logprobs: LogprobArgs | None = None
     token_pool: torch.Tensor | None = None  # read by the penalties and the prompt logprobs
 
@@ -177,8 +179,8 @@ class Sampler:
             args.penalties = self._penalty_args(penalised)
         grammar = self.grammar
         if grammar is not None and grammar.active and any(grammar.has(req.uid) for _, req in sampled):
-            uids = [req.uid if req.can_decode else None for req in batch.reqs]
-            args.grammar_bitmask = to_device(grammar.bitmask(uids), self.device)
+            # the mask itself waits for fill_grammar_mask: it needs the matchers to have seen the previous token
+            args.grammar_uids = [req.uid if req.can_decode else None for req in batch.reqs]
         args.logprobs = self._logprob_args(batch)
         if args.penalties is not None or (args.logprobs is not None and args.logprobs.prompt_rows is not None):
             assert token_pool is not None, "penalties and prompt logprobs read the token pool"
@@ -245,6 +247,15 @@ class Sampler:
                                    to_device(torch.cat(positions), self.device))
             args.prompt_segments = segments
 
+    def fill_grammar_mask(self, args: BatchSamplingArgs) -> None:
+        """The grammar rows' masks from their matchers as they are now, just before sampling (the engine calls it
+        after the forward is launched and the scheduler has caught up with the previous step)."""
+        grammar = self.grammar
+        if args.grammar_uids is not None and grammar is not None:
+            args.grammar_bitmask = grammar.device_bitmask(args.grammar_uids, self.device)
+            rows = [uid is not None and grammar.has(uid) for uid in args.grammar_uids]
+            args.grammar_rows = make_device_tensor(rows, torch.bool, self.device)
+
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         if args.processes_logits:
             logits = logits.to(torch.float32, copy=True)  # the raw logits stay as they are, for the logprobs
@@ -254,7 +265,8 @@ class Sampler:
                 assert args.token_pool is not None
                 apply_penalties(logits, args.token_pool, args.penalties)
             if args.grammar_bitmask is not None:
-                GrammarBackend.apply(logits, args.grammar_bitmask)
+                assert self.grammar is not None and args.grammar_rows is not None
+                self.grammar.apply(logits, args.grammar_bitmask, args.grammar_rows)
         if args.temperatures is None:
             return logits.argmax(dim=-1)
         return sample_impl(logits, args.temperatures, args.top_k, args.top_p, self.generator, args.seeds, args.min_p)

@@ -253,13 +253,23 @@ class Scheduler(SchedulerIOMixin):
         self.engine.attn_backend.prepare_metadata(batch)
         return ForwardInput(batch, self.engine.sampler.prepare(batch, self.token_pool), input_tuple, write_tuple)
 
-    def _forward(self, fwd_input: ForwardInput) -> ForwardData:
+    def _forward(self, fwd_input: ForwardInput, catch_up: ForwardData | None = None) -> ForwardData:
+        """Launch the batch. ``catch_up``: the previous batch, processed after this one's forward is launched and
+        before its sampling — a grammar's mask needs the previous token accepted by its matcher, and so the host
+        does that work while the device runs the forward instead of before launching it."""
         batch, sample_args, input_tuple, write_tuple = fwd_input
         batch.input_ids = self.token_pool[input_tuple]
-        fwd_output = self.engine.forward_batch(batch, sample_args)  # advances every request (complete_one)
+
+        def before_sampling() -> None:
+            # launched: it counts as in flight before the previous batch's results release any slot or page
+            self.decode_manager.filter_reqs(batch.reqs)
+            self._launched_id += 1
+            if catch_up is not None:
+                with stream_context(self.stream):
+                    self._process_last_data(catch_up)
+
+        fwd_output = self.engine.forward_batch(batch, sample_args, before_sampling)  # advances every request
         self.token_pool[write_tuple] = fwd_output.next_tokens_gpu
-        self.decode_manager.filter_reqs(batch.reqs)
-        self._launched_id += 1
         return ForwardData(fwd_input, fwd_output, self._length_finished(batch), self._launched_id)
 
     @staticmethod
@@ -362,16 +372,16 @@ class Scheduler(SchedulerIOMixin):
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
-        if last_data is not None and self.grammar.active:
-            # a grammar's mask for the next step needs this step's token: no overlap while one runs
-            self._process_last_data(last_data)
-            last_data = None
         fwd_input = self._schedule_next_batch()
         ongoing_data = None
         if fwd_input is not None:
+            # a grammar's mask for batch N+1 needs batch N's tokens: N is processed while N+1's forward runs
+            catch_up = last_data if fwd_input.sample_args.grammar_uids is not None else None
             with stream_context(self.engine.stream):
                 self.engine.stream.wait_stream(self.stream)  # the batch's inputs were written on our stream
-                ongoing_data = self._forward(fwd_input)
+                ongoing_data = self._forward(fwd_input, catch_up)
+            if catch_up is not None:
+                last_data = None
         elif last_data is None and self.prefill_manager.runnable:
             self._reject_stuck_head()
         self._process_last_data(last_data)

@@ -34,9 +34,9 @@ def watch_batches(llm: LLM, on_batch: Callable[[Batch], None]) -> None:
     """Call ``on_batch`` with every batch the engine is about to run (the tests that check what gets scheduled)."""
     forward_batch = llm.engine.forward_batch
 
-    def watched(batch: Batch, args):
+    def watched(batch: Batch, args, before_sampling=None):
         on_batch(batch)
-        return forward_batch(batch, args)
+        return forward_batch(batch, args, before_sampling)
 
     llm.engine.forward_batch = watched  # type: ignore[method-assign]
 
@@ -84,14 +84,15 @@ class InFlightTracker:
         engine, table, cache = llm.engine, llm.table_manager, llm.cache_manager
         forward_batch, allocate_slot, allocate_pages = engine.forward_batch, table.allocate, cache._allocate
 
-        def tracked_forward(batch, args):
+        def tracked_forward(batch, args, before_sampling=None):
             rows = {r.table_idx for r in batch.reqs}
             slots = torch.cat([engine.page_table[r.table_idx, : r.device_len] for r in batch.reqs])
             pages = set((slots // ps * ps).tolist())
-            out = forward_batch(batch, args)
+            # in flight from here: the previous batch may be processed inside (before_sampling) and free things
             batch_no = len(self.launched_uids)
             self.launched_uids.append({r.uid for r in batch.reqs})
             self.in_flight[batch_no] = (rows, pages)
+            out = forward_batch(batch, args, before_sampling)
             return out._replace(copy_done_event=_TrackedEvent(self, batch_no))
 
         def tracked_allocate_slot() -> int:

@@ -199,3 +199,105 @@ def test_a_server_builds_the_grammar_compiler_at_start_up(smollm2_dir, monkeypat
     assert backend._compiler is compiler
     monkeypatch.setattr(grammar_module.importlib.util, "find_spec", lambda name: None)  # xgrammar not installed
     assert not grammar_module.GrammarBackend(tokenizer, 49152).warm_up_in_background()
+
+
+# ---- grammar masks: the host buffer, and overlap with the previous step ------------------------------------------
+
+
+def test_grammar_masks_are_filled_row_for_row_into_one_reused_buffer(smollm2_dir):
+    """The batch matcher writes each grammar row whole and the other rows allow everything, so a buffer reused from
+    step to step (rows changing roles) gives exactly the masks of a fresh one filled matcher by matcher."""
+    xgr = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from stage4_fast.sampling import GrammarBackend
+
+    vocab = 49152
+    backend = GrammarBackend(AutoTokenizer.from_pretrained(smollm2_dir), vocab)
+    backend.add(1, '{"type": "array", "items": {"type": "integer"}}')
+    backend.add(2, '{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}')
+    assert backend.matchers[1].accept_string("[12,")
+
+    def fresh(uids: List[int | None]) -> torch.Tensor:
+        mask = xgr.allocate_token_bitmask(len(uids), vocab)
+        for row, uid in enumerate(uids):
+            if uid is not None:
+                backend.matchers[uid].fill_next_token_bitmask(mask, row)
+        return mask
+
+    first = backend.bitmask([1, None, 2])
+    assert torch.equal(first, fresh([1, None, 2])) and (first[1] == -1).all()
+    buffer = first.data_ptr()
+    for uids in ([None, 2, 1], [2, 1, None, None], [None, None]):
+        got = backend.bitmask(uids)
+        assert got.data_ptr() == buffer, "the same buffer every step"
+        assert torch.equal(got, fresh(uids)), uids
+    assert torch.equal(backend.device_bitmask([1, 2], torch.device("cpu")), fresh([1, 2]))
+
+
+def test_grammar_steps_overlap_the_previous_step_and_generate_what_the_plain_loop_does(tiny_dir):
+    """With a grammar request running, batch N+1's forward is launched before batch N's tokens are processed (its
+    masks are filled after that, before its sampling): the outputs are the normal loop's, token for token, for
+    grammar and plain requests side by side."""
+    pytest.importorskip("xgrammar")
+    from stage4_fast.llm import LLM
+
+    schema = '{"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 3}'
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [17, 18]]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, json_schema=schema),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=10, json_schema='{"type": "object"}'),
+              SamplingParams(temperature=0.0, max_tokens=7, json_schema=schema)]
+    outputs, events = {}, []
+    for overlap in (True, False):
+        llm = LLM(str(tiny_dir), dtype=torch.float32, num_page_override=256, overlap_scheduling=overlap)
+        if overlap:
+            forward_batch, process = llm.engine.forward_batch, llm._process_last_data
+
+            def launch(batch, args, before_sampling=None, forward_batch=forward_batch):
+                events.append("launch")
+                return forward_batch(batch, args, before_sampling)
+
+            def processed(last_data, process=process):
+                if last_data is not None:
+                    events.append("process")
+                return process(last_data)
+
+            llm.engine.forward_batch = launch  # type: ignore[method-assign]
+            llm._process_last_data = processed  # type: ignore[method-assign]
+        outputs[overlap] = [r["token_ids"] for r in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert outputs[True] == outputs[False]
+    assert all(len(out) > 0 for out in outputs[True])
+    # overlapped: after the first launch every batch is launched before its predecessor is processed
+    assert events[:3] == ["launch", "launch", "process"], events[:6]
+    assert events.count("launch") == events.count("process")
+
+
+def test_a_grammar_row_never_samples_an_id_past_the_tokenizer(smollm2_dir):
+    """Logits wider than the tokenizer (a padded vocabulary): the grammars are built over the tokenizer's ids only
+    (xgrammar would call every padded id a special token and check each token slower for it), and the padded ids
+    are forbidden in a grammar's rows by the sampler — not in the other rows of the batch."""
+    pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from stage4_fast.sampling import GrammarBackend
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    width = len(tokenizer) + 100
+    backend = GrammarBackend(tokenizer, width)
+    assert backend.grammar_vocab == len(tokenizer)
+    backend.add(7, '{"type": "array", "items": {"type": "integer"}}')
+    sampler = Sampler(torch.device("cpu"), width)
+    sampler.grammar = backend
+    reqs = [_decode_req(0, [1, 2], 0, SamplingParams()), _decode_req(1, [3], 0, SamplingParams())]
+    reqs[0].uid = 7  # row 0 under the grammar, row 1 free
+    args = sampler.prepare(Batch(reqs, "decode"))
+    assert args.grammar_uids == [7, 1] and args.grammar_bitmask is None  # filled just before sampling
+    sampler.fill_grammar_mask(args)
+    assert args.grammar_bitmask is not None and args.grammar_bitmask.shape[1] == (len(tokenizer) + 31) // 32
+    logits = torch.zeros(2, width)
+    logits[:, len(tokenizer) + 5] = 100.0  # a padded id, by far the likeliest
+    logits[:, tokenizer.convert_tokens_to_ids("[")] = 1.0  # the only way a JSON array can start
+    tokens = sampler.sample(logits, args).tolist()
+    assert tokens == [tokenizer.convert_tokens_to_ids("["), len(tokenizer) + 5]
