@@ -19,9 +19,10 @@ class BaseAttnMetadata(ABC):
 
 class BaseAttnBackend(ABC):
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        """q [T, qo_heads, D], k/v [T, kv_heads, D] -> [T, qo_heads, D]. Stores this step's K/V in the pool first,
-        then attends against the pool."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                kv_stored: bool = False) -> torch.Tensor:
+        """q [T, qo_heads, D], k/v [T, kv_heads, D] -> [T, qo_heads, D]. Stores this step's K/V in the pool first
+        (unless ``kv_stored``: the fused q/k norm + RoPE kernel wrote them already), then attends against the pool."""
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
@@ -49,8 +50,9 @@ class HybridBackend(BaseAttnBackend):
     def _pick(self, batch: Batch) -> BaseAttnBackend:
         return self.prefill_backend if batch.is_prefill else self.decode_backend
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        return self._pick(batch).forward(q, k, v, layer_id, batch)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                kv_stored: bool = False) -> torch.Tensor:
+        return self._pick(batch).forward(q, k, v, layer_id, batch, kv_stored)
 
     def prepare_metadata(self, batch: Batch) -> None:
         self._pick(batch).prepare_metadata(batch)

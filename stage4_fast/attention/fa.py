@@ -80,9 +80,11 @@ class FlashAttentionBackend(BaseAttnBackend):
             page_table=self._page_rows(upload(lens.table_idx, self.device), lens.max_seqlen_k).contiguous(),
         )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                kv_stored: bool = False) -> torch.Tensor:
         meta: FAMetadata = batch.attn_metadata  # type: ignore[assignment]
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        if not kv_stored:
+            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         result = self._varlen(
             q,
             self.kv_cache.k_cache(layer_id),

@@ -164,9 +164,11 @@ class FlashInferBackend(BaseAttnBackend):
             self.last_event.record()
         meta.initialized = True
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                kv_stored: bool = False) -> torch.Tensor:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        if not kv_stored:
+            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         if not meta.initialized:
             self._plan(meta)
         # an fp8 pool's scales: FlashInfer folds k_scale into the softmax scale and multiplies the output by

@@ -100,8 +100,9 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         self._capture_slots[: batch.padded_size].copy_(batch.state_metadata.slots)
 
     # -- forward ---------------------------------------------------------------------------------------------
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        return self.full.forward(q, k, v, layer_id, batch)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                kv_stored: bool = False) -> torch.Tensor:
+        return self.full.forward(q, k, v, layer_id, batch, kv_stored)
 
     def forward_linear(
         self,

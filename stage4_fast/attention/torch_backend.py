@@ -108,9 +108,11 @@ class TorchBackend(BaseAttnBackend):
         mask = None if bool(valid.all()) else valid[:, None, None, :]
         return kv_indices, mask
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                kv_stored: bool = False) -> torch.Tensor:
         meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
-        self.kv_cache.store_kv(k, v, meta.out_loc, layer_id)
+        if not kv_stored:
+            self.kv_cache.store_kv(k, v, meta.out_loc, layer_id)
         k_slots, v_slots = self._k[layer_id], self._v[layer_id]
         if meta.graph is not None:  # captured decode: everything comes from the fixed buffers
             lens = meta.graph.seq_lens

@@ -88,9 +88,11 @@ class TritonBackend(BaseAttnBackend):
             num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
         )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
+                kv_stored: bool = False) -> torch.Tensor:
         meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        if not kv_stored:
+            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         k_slots, v_slots = self._k[layer_id], self._v[layer_id]
         # an fp8 pool's scales (1.0 otherwise): plain floats, so a captured graph keeps them as kernel arguments
         scales = dict(k_scale=self.kv_cache.k_scales[layer_id], v_scale=self.kv_cache.v_scales[layer_id])

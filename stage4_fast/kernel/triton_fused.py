@@ -59,11 +59,12 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 
 
 @triton.jit
-def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut,
-                         stride_t, stride_cs, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, eps,
+def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, OutLoc,
+                         stride_t, stride_cs, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, stride_cache_t, eps,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                         HAS_NORM: tl.constexpr):
-    """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half."""
+                         BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr):
+    """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
+    rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D)."""
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     offs = tl.arange(0, HALF)
@@ -101,14 +102,27 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut,
     tl.store(q_dst + HALF, o2, mask=q_mask)
     tl.store(k_dst, o1, mask=k_mask)
     tl.store(k_dst + HALF, o2, mask=k_mask)
+    if STORE_KV:  # this step's K/V into the pool here, instead of a store kernel of their own (one launch less)
+        slot = tl.load(OutLoc + t).to(tl.int64)
+        kc_dst = KCache + slot * stride_cache_t + (h[:, None] - HQ) * D + offs[None, :]
+        tl.store(kc_dst, o1, mask=k_mask)
+        tl.store(kc_dst + HALF, o2, mask=k_mask)
+        hv = tl.arange(0, BLOCK_HKV)
+        v_offs = hv[:, None] * D + tl.arange(0, D)[None, :]
+        v_mask = (hv < HKV)[:, None]
+        v = tl.load(QKV + t * stride_t + (HQ + HKV) * D + v_offs, mask=v_mask, other=0.0)
+        tl.store(VCache + slot * stride_cache_t + v_offs, v, mask=v_mask)
 
 
 def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-                 cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 cos_sin_cache: torch.Tensor, positions: torch.Tensor,
+                 kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """From the fused qkv projection [T, (Hq + 2 Hkv) * D]: q [T, Hq, D] and k [T, Hkv, D], each head
     RMS-normalised with its weight (when given) and rotated (neox halves) by the fp32 cos|sin table
-    [max_pos, D] at `positions`."""
+    [max_pos, D] at `positions`. ``kv_store`` = (k_cache, v_cache, out_loc): the pool's slots [num_slots, Hkv, D]
+    in qkv's dtype and each token's slot [T]; the rotated k and the v rows are written there too."""
     assert qkv.dim() == 2 and qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert head_dim % 2 == 0 and (head_dim & (head_dim - 1)) == 0, "head_dim must be a power of two"
     T = qkv.shape[0]
@@ -120,10 +134,19 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
     qw = q_weight if has_norm else cos_sin_cache  # unused when there is no norm
     kw = k_weight if has_norm else cos_sin_cache
     block_h = triton.next_power_of_2(num_qo_heads + num_kv_heads)
+    if kv_store is not None:
+        k_cache, v_cache, out_loc = kv_store
+        assert k_cache.dtype == qkv.dtype and k_cache.shape[1:] == (num_kv_heads, head_dim)
+        assert k_cache.stride() == v_cache.stride() and k_cache.stride()[1:] == (head_dim, 1)
+        cache_stride = k_cache.stride(0)
+    else:
+        k_cache = v_cache = out_loc = q  # unused
+        cache_stride = 0
     _qk_norm_rope_kernel[(T,)](
-        qkv, qw, kw, cos_sin_cache, positions, q, k, qkv.stride(0), cos_sin_cache.stride(0),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps,
-        HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h, HAS_NORM=has_norm,
+        qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, qkv.stride(0),
+        cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride, eps,
+        HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h,
+        BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm, STORE_KV=kv_store is not None,
         num_warps=4 if block_h * head_dim >= 2048 else 2,
     )
     return q, k

@@ -6,6 +6,7 @@ import torch
 
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
+from ..env import ENV
 from ..kernel import fused_kernels_for
 from ..utils import div_even
 from .base import StateLessOP
@@ -16,9 +17,17 @@ if TYPE_CHECKING:
     from ..models.config import RotaryConfig
 
 
+def fused_kv_store_applies(pool_dtype: torch.dtype, activation_dtype: torch.dtype) -> bool:
+    """Whether the fused q/k norm + RoPE kernel also writes this step's K/V into the pool (one launch per layer less
+    than a store kernel of their own): where the pool stores the activations' dtype — an fp8 pool quantizes in its
+    store kernel — unless MINISGL_DISABLE_FUSED_KV_STORE is set (A/B runs)."""
+    return pool_dtype == activation_dtype and not ENV.DISABLE_FUSED_KV_STORE.value
+
+
 class AttentionLayer(StateLessOP):
     """Splits the fused qkv, applies the optional per-head q/k norm (Qwen3) and RoPE, then hands q/k/v to the
-    context's attention backend, which stores this step's K/V in the pool and attends against the pool."""
+    context's attention backend, which stores this step's K/V in the pool and attends against the pool. On a GPU
+    in 16 bits one Triton kernel does the norm and RoPE and, into a pool of the same dtype, the store too."""
 
     def __init__(
         self,
@@ -51,23 +60,32 @@ class AttentionLayer(StateLessOP):
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         ctx = get_global_ctx()
         T, Hkv, D = qkv.shape[0], self.num_kv_heads, self.head_dim
+        kv_stored = False
         if (fused := fused_kernels_for(qkv)) is not None and qkv.stride(-1) == 1:
-            # 16-bit on a GPU: q/k norm and RoPE in one kernel that writes q and k contiguous
-            q, k = self._fused_qk(fused, qkv, ctx.batch.positions)
+            # 16-bit on a GPU: q/k norm and RoPE in one kernel that writes q and k contiguous, and this step's K/V
+            # into the pool when it stores the activations' dtype (an fp8 pool quantizes in its own store kernel)
+            kv_stored = fused_kv_store_applies(ctx.kv_cache.dtype, qkv.dtype)
+            q, k = self._fused_qk(fused, qkv, ctx.batch.positions, ctx.batch.out_loc if kv_stored else None)
         else:
             q, k = self._qk(qkv, ctx.batch.positions)
         v = qkv[:, self.qo_attn_dim + self.kv_attn_dim :].view(T, Hkv, D)
-        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch, kv_stored=kv_stored)
         return o.view(T, self.qo_attn_dim)
 
-    def _fused_qk(self, fused, qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fused_qk(self, fused, qkv: torch.Tensor, positions: torch.Tensor,
+                  out_loc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         qn, kn = self._q_norm, self._k_norm
         has_norm = qn is not None and kn is not None
         eps = qn.eps if has_norm else 0.0
         assert not has_norm or kn.eps == eps
+        kv_store = None
+        if out_loc is not None:  # the pool's slots of this layer, [num_slots, Hkv, D]
+            pool = get_global_ctx().kv_cache
+            shape = (-1, self.num_kv_heads, self.head_dim)
+            kv_store = (pool.k_cache(self.layer_id).view(shape), pool.v_cache(self.layer_id).view(shape), out_loc)
         return fused.qk_norm_rope(qkv, self.num_qo_heads, self.num_kv_heads, self.head_dim,
                                   qn.weight if has_norm else None, kn.weight if has_norm else None, eps,
-                                  self.rotary.cos_sin_cache, positions)
+                                  self.rotary.cos_sin_cache, positions, kv_store)
 
     def _qk(self, qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, Hq, Hkv, D = qkv.shape[0], self.num_qo_heads, self.num_kv_heads, self.head_dim

@@ -89,6 +89,63 @@ def test_qk_norm_rope_matches_torch(dtype, with_norm, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_stores_this_steps_kv_in_the_pool(dtype, device):
+    """With the pool's slots and each token's slot, the kernel writes the rotated k and the untouched v rows there
+    (bit for bit what it returns / what qkv holds) and nothing else: the store kernel's job, one launch less."""
+    gen = torch.Generator().manual_seed(2)
+    T, Hq, Hkv, D, slots = 4, 4, 2, 32, 16
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=gen).to(device, dtype)
+    w = torch.ones(D, dtype=dtype, device=device)
+    rope = RotaryEmbedding(D, D, 4096, 1e6, device=device)
+    positions = torch.tensor([5, 6, 7, 8], dtype=torch.int32, device=device)
+    out_loc = torch.tensor([9, 2, 14, 0], dtype=torch.int32, device=device)
+    k_cache = torch.full((slots, Hkv, D), 7.0, dtype=dtype, device=device)
+    v_cache = torch.full((slots, Hkv, D), 7.0, dtype=dtype, device=device)
+    q, k = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, w, w, 1e-6, rope.cos_sin_cache, positions,
+                                     (k_cache, v_cache, out_loc))
+    q_ref, k_ref = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, w, w, 1e-6, rope.cos_sin_cache, positions)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    rows = out_loc.long()
+    assert torch.equal(k_cache[rows], k)
+    assert torch.equal(v_cache[rows], qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D))
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[rows.cpu()] = False
+    assert (k_cache[untouched.to(device)] == 7).all() and (v_cache[untouched.to(device)] == 7).all()
+
+
+@pytest.mark.skipif("cpu" not in DEVICES, reason="runs the engine on the CPU under Triton's interpreter")
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_engine_with_the_kv_stored_by_the_rope_kernel_equals_the_store_kernels(tiny_model, monkeypatch, page_size):
+    """A bf16 engine whose attention layers take the fused q/k norm + RoPE kernel (the GPU path, here under the
+    interpreter): with the kernel writing this step's K/V into the pool, the tokens generated and every slot of the
+    pool are bit for bit what the pool's own store gives — the layer's views of the pool, its slots and the
+    backends' skipping of their store agree, at page size 1 and 4."""
+    from stage4_fast.core import SamplingParams
+    from stage4_fast.engine import ManualBatcher
+    from stage4_fast.layers import attention as attention_layer
+
+    from .conftest import make_engine
+
+    monkeypatch.setattr(attention_layer, "fused_kernels_for", lambda x: triton_fused if x.dtype in DTYPES else None)
+    prompts = [[11, 22, 33, 44, 55, 66, 77], [5, 6, 7], [100, 200, 300, 400, 500, 1, 2, 3, 4, 5, 6]]
+    runs = {}
+    for fused_store in (True, False):
+        monkeypatch.setattr(attention_layer, "fused_kv_store_applies",
+                            lambda pool, act, on=fused_store: on and pool == act)
+        engine = make_engine(tiny_model("qwen3"), dtype=torch.bfloat16, page_size=page_size)
+        pool = engine.kv_cache
+        for i in range(pool.num_layers):  # the pool starts uninitialised; slots never written must compare too
+            pool.k_cache(i).zero_(), pool.v_cache(i).zero_()
+        tokens = ManualBatcher(engine).generate(prompts, SamplingParams(max_tokens=5))
+        slots = torch.stack([torch.stack([pool.k_cache(i), pool.v_cache(i)]) for i in range(pool.num_layers)])
+        runs[fused_store] = tokens, slots
+    (fused_tokens, fused_slots), (tokens, slots) = runs[True], runs[False]
+    assert fused_tokens == tokens
+    assert slots.float().abs().sum() > 0 and torch.equal(fused_slots, slots)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_matches_torch(dtype, device):
     gen = torch.Generator().manual_seed(2)
     x = (torch.randn(6, 2 * 80, generator=gen) * 3).to(device, dtype)
