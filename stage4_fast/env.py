@@ -41,6 +41,8 @@ class _Env:
     DISABLE_FUSED_KERNELS = EnvVar("DISABLE_FUSED_KERNELS", False, _parse_bool)
     # the Triton GEMV of one-token forwards (kernel/triton_gemv.py), off for A/B measurements
     DISABLE_GEMV = EnvVar("DISABLE_GEMV", False, _parse_bool)
+    # that GEMV with the add-RMSNorm before it folded in (the qkv and gate_up projections), off for A/B measurements
+    DISABLE_GEMV_NORM = EnvVar("DISABLE_GEMV_NORM", False, _parse_bool)
     # this step's K/V written into the pool by the fused q/k norm + RoPE kernel (else by the store kernel), for A/B
     DISABLE_FUSED_KV_STORE = EnvVar("DISABLE_FUSED_KV_STORE", False, _parse_bool)
     # the Triton attention's dots over an fp8 KV cache under 16-bit queries: "fp16" (fp8 converts to it exactly and

@@ -6,16 +6,18 @@ kinds (o_proj, down_proj) split the inputs, so each rank holds a partial sum tha
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..distributed import DistributedCommunicator, get_tp_info
+from ..env import ENV
 from ..kernel import gemv_kernel_for
 from ..utils import div_even
 from .activation import silu_and_mul
 from .base import BaseOP
+from .norm import RMSNormFused
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -40,6 +42,18 @@ class _LinearTPImpl(BaseOP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def forward_after_norm(self, norm: RMSNormFused, x: torch.Tensor,
+                           residual: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``norm.forward(x, residual)`` then this layer: (output, the residual stream). A one-token 16-bit GPU
+        forward takes one GEMV kernel with the add-RMSNorm folded in (no kernel, no round trip for the normed
+        row). For layers whose input is whole on every rank (column-parallel, replicated): a norm needs the row."""
+        gemv = gemv_kernel_for(x)
+        fold = gemv is not None and not ENV.DISABLE_GEMV_NORM.value and self.weight.stride(-1) == 1
+        if fold and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1):
+            return gemv.normed_gemv(x, residual, norm.weight, norm.eps, self.weight, self.bias)
+        normed, residual = norm.forward(x, residual)
+        return self.forward(normed), residual
 
 
 class LinearReplicated(_LinearTPImpl):
