@@ -151,10 +151,7 @@ def main(argv: list[str]) -> int:
     load_start, t0 = meta.load(), time.perf_counter()
     res = measure(args.model, args.repeats, setting)
     text = report(res, args, run_info, (load_start, meta.load()), time.perf_counter() - t0)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out}")
+    meta.write_report(out, text)
     return 0
 
 

@@ -133,10 +133,7 @@ def main(argv: list[str]) -> int:
     load_start = meta.load()
     results = [measure(args.model, args.rows, args.steps, vocab) for vocab in VOCABS]
     text = report(results, args, run_info, (load_start, meta.load()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out}")
+    meta.write_report(out, text)
     return 0
 
 

@@ -84,10 +84,7 @@ def main(argv: list[str]) -> int:
         f"{len(hf['lls'])} questions.",
     ]
     text = "\n".join(lines) + "\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out}")
+    meta.write_report(out, text)
     return 0 if ours["acc"] == hf["acc"] and ours["acc_norm"] == hf["acc_norm"] else 1
 
 

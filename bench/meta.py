@@ -96,6 +96,14 @@ def run_meta(prog: str, argv: list[str], gpu: bool = False) -> dict:
             "hardware": hardware(names)}
 
 
+def write_report(out: Path, text: str) -> None:
+    """Write a markdown report (its folder created) and show it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}")
+
+
 def pct(values: list[float], q: float) -> float:
     """The q-quantile (0..1) by nearest rank on the sorted values."""
     values = sorted(values)
