@@ -12,7 +12,7 @@ commands:
   tp             TP 1 vs TP 2: fp32 equality with HF, bf16 agreement and throughput (2 GPUs)
   tp-logits      TP 1 vs TP 2 teacher-forced logits against HF, and the all-reduce's cost (2 GPUs)
   api-costs      what logprobs, echo, penalties, logit bias, min-p and a JSON grammar cost a stage4 batch
-  grammar-host   what a JSON grammar's masks and token checks cost the host per step (stage4, no model)
+  api-host       what a JSON grammar and the penalties cost the host per step (stage4, no model)
   lm-eval        lm-eval through the stage4 server vs lm-eval's HF backend on a task of the repo (needs lm-eval)
 
 Results go to bench/local/ (gitignored) unless `--out` says otherwise; `--out bench/results` replaces the committed
@@ -27,7 +27,7 @@ import sys
 COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker",
             "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep",
             "gemv-sweep": "gpu_gemv_sweep", "kv-accuracy": "kv_accuracy",
-            "tp": "gpu_tp", "tp-logits": "gpu_tp_logits", "api-costs": "api_costs", "grammar-host": "grammar_host",
+            "tp": "gpu_tp", "tp-logits": "gpu_tp_logits", "api-costs": "api_costs", "api-host": "api_host",
             "lm-eval": "lm_eval_parity"}
 
 

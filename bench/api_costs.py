@@ -8,8 +8,8 @@ Workload: `--num-seqs` requests (random.seed(0)), prompts of randint(32, 128) to
 24 output tokens each (GPU: 128), EOS ignored, fp32 (GPU: bf16), stage4's `LLM.generate`. Every variant sets its
 field on every request. The grammar variant asks for a JSON array of at least 40 integers, which the output length
 does not finish, so it too produces the full output length per request. The variants run in turn, `--repeats`
-rounds; each row is its fastest round (the machine is shared). `python -m bench grammar-host` breaks the grammar's
-host work down.
+rounds; each row is its fastest round (the machine is shared). `python -m bench api-host` breaks the grammar's and
+the penalties' host work down.
 """
 
 from __future__ import annotations

@@ -189,27 +189,15 @@ class Sampler:
     def _penalty_args(self, penalised: List[tuple[int, Req]]) -> PenaltyArgs:
         # each row reads its output so far, and its prompt too when a repetition penalty is set
         starts = [0 if req.sampling_params.repetition_penalty != 1.0 else req.prompt_len for _, req in penalised]
-        lengths = torch.tensor([req.device_len - start for (_, req), start in zip(penalised, starts)])
-        offsets = torch.arange(max(1, int(lengths.max())))[None, :]
-        valid = offsets < lengths[:, None]
-        positions = torch.where(valid, torch.tensor(starts)[:, None] + offsets, 0)
-        prompt_lens = torch.tensor([req.prompt_len for _, req in penalised])
-        pool_rows = torch.tensor([req.table_idx for _, req in penalised])[:, None].expand_as(positions)
+        lengths = [req.device_len - start for (_, req), start in zip(penalised, starts)]
         params = [req.sampling_params for _, req in penalised]
-
-        def dev(values: List, dtype: torch.dtype) -> torch.Tensor:
-            return make_device_tensor(values, dtype, self.device)
-
-        return PenaltyArgs(
-            rows=dev([i for i, _ in penalised], torch.int64),
-            presence=dev([p.presence_penalty for p in params], torch.float32),
-            frequency=dev([p.frequency_penalty for p in params], torch.float32),
-            repetition=dev([p.repetition_penalty for p in params], torch.float32),
-            pool_rows=to_device(pool_rows.contiguous(), self.device),
-            positions=to_device(positions, self.device),
-            is_output=to_device(valid & (positions >= prompt_lens[:, None]), self.device),
-            is_seen=to_device(valid, self.device),
-        )
+        ints = make_device_tensor([[i for i, _ in penalised], [req.table_idx for _, req in penalised], starts, lengths,
+                                   [req.prompt_len for _, req in penalised]], torch.int64, self.device)
+        floats = make_device_tensor([[p.presence_penalty for p in params], [p.frequency_penalty for p in params],
+                                     [p.repetition_penalty for p in params]], torch.float32, self.device)
+        return PenaltyArgs(rows=ints[0], presence=floats[0], frequency=floats[1], repetition=floats[2],
+                           pool_rows=ints[1], starts=ints[2], lengths=ints[3], prompt_lens=ints[4],
+                           max_length=max(1, max(lengths)))
 
     def _logprob_args(self, batch: Batch) -> LogprobArgs | None:
         wanted = [(i, req) for i, req in enumerate(batch.reqs) if req.sampling_params.logprobs is not None]
