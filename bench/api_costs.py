@@ -102,9 +102,7 @@ def report(res: dict, args: argparse.Namespace, run_info: dict, loads: tuple[str
     lines = [
         f"# What the production API's sampling fields cost (stage4, {'GPU' if gpu else 'CPU'})",
         "",
-        f"- date: {run_info['date']}; code: {run_info['git']}",
-        f"- machine: {run_info['hardware']}",
-        f"- command: `{run_info['command']}`",
+        *meta.header_lines(run_info),
         f"- model: {meta.relative(args.model)}, {'bf16' if gpu else 'fp32'}, `LLM.generate`, naive cache; "
         f"{run_info['versions']}" + ("" if gpu else f", {res['threads']} threads"),
         f"- workload: {setting.num_seqs} requests, seed 0, prompts randint{setting.prompt_len} ids "

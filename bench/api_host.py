@@ -172,9 +172,7 @@ def report(results: list[dict], penalties: dict, args: argparse.Namespace, run_i
     lines = [
         "# What a JSON grammar and the penalties cost the host per decode step (stage4)",
         "",
-        f"- date: {run_info['date']}; code: {run_info['git']}",
-        f"- machine: {run_info['hardware']}",
-        f"- command: `{run_info['command']}`",
+        *meta.header_lines(run_info),
         f"- {args.rows} requests under `bench/api_costs.py`'s GRAMMAR, tokenizer of {meta.relative(args.model)}, "
         f"{args.steps} steps, each a random allowed token per row (seed 0); xgrammar's batch matcher on its default "
         f"{max(1, (os.cpu_count() or 2) // 2)} thread(s); {run_info['versions']}",

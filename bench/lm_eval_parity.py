@@ -65,9 +65,7 @@ def main(argv: list[str]) -> int:
     lines = [
         "# lm-eval through the stage4 server vs lm-eval's HF backend",
         "",
-        f"- date: {run_info['date']}; code: {run_info['git']}",
-        f"- machine: {run_info['hardware']}",
-        f"- command: `{run_info['command']}`",
+        *meta.header_lines(run_info),
         f"- model: {meta.relative(model)}, fp32, CPU; lm-eval {lm_eval.__version__}, {run_info['versions']}",
         f"- task: `{TASK}` (`bench/lm_eval_task/`): {len(ours['lls'])} questions, 4 choices each, zero-shot; "
         "batch size 1 on both sides",

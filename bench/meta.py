@@ -96,6 +96,12 @@ def run_meta(prog: str, argv: list[str], gpu: bool = False) -> dict:
             "hardware": hardware(names)}
 
 
+def header_lines(run_info: dict) -> list[str]:
+    """The date and code, machine and command lines that open a report (``run_info`` from ``run_meta``)."""
+    return [f"- date: {run_info['date']}; code: {run_info['git']}", f"- machine: {run_info['hardware']}",
+            f"- command: `{run_info['command']}`"]
+
+
 def write_report(out: Path, text: str) -> None:
     """Write a markdown report (its folder created) and show it."""
     out.parent.mkdir(parents=True, exist_ok=True)
