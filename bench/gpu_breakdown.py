@@ -23,6 +23,7 @@ it runs the CPU workload and skips the device timers and the profile: a smoke te
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib
 import json
@@ -308,7 +309,8 @@ def main(argv: list[str]) -> int:
         target, value = item.split("=", 1)
         module, name = target.rsplit(".", 1)
         mod = importlib.import_module(module)
-        setattr(mod, name, type(getattr(mod, name))(value))
+        old = getattr(mod, name)  # tuples and numbers as Python literals, anything else cast to the old type
+        setattr(mod, name, ast.literal_eval(value) if isinstance(old, (tuple, int, float)) else type(old)(value))
         options[f"set:{target}"] = value  # recorded with the results (not an engine option)
     engine_options = {k: v for k, v in options.items() if not k.startswith("set:")}
     t0 = time.perf_counter()

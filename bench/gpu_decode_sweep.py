@@ -9,7 +9,10 @@ Prints the fastest launch configurations (block of keys, warps, stages, split co
 the best configuration summed over the three shapes, and the fused q/k norm + RoPE kernel's time at batch 224.
 This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (bench/gpu_notes.md);
 ``--kv-dtype fp8_e4m3`` sweeps the same shapes over an fp8 KV cache (DECODE_LAUNCH_FP8), bytes counted as stored;
-``--fp8-convert bits`` widens the fp8 bytes with integer shifts instead of Triton's conversion.
+``--fp8-convert bits`` widens the fp8 bytes with integer shifts instead of Triton's conversion; ``--layout
+contiguous`` gives every request one contiguous run of slots (a page-size-1 pool without interleaved decode tokens):
+whether the scattered rows, not the bytes, bound the kernel. Each compiled variant's registers, spills and shared
+memory per program are printed at the end (what bounds the programs resident on an SM).
 """
 import argparse
 import functools
@@ -27,6 +30,21 @@ from . import meta
 from .workloads import offline_upstream
 
 
+def compiled_resources(kernel) -> list[str]:
+    """Registers, spills and shared memory of every variant of a Triton kernel compiled in this process (Triton
+    keeps them per device; a version whose cache looks different yields nothing rather than failing the sweep)."""
+    lines = []
+    try:
+        for caches in kernel.device_caches.values():
+            for compiled in caches[0].values():
+                md = compiled.metadata
+                lines.append(f"warps {md.num_warps} stages {md.num_stages}: {compiled.n_regs} regs, "
+                             f"{compiled.n_spills} spills, {md.shared} B shared")
+    except (AttributeError, IndexError, TypeError) as e:
+        lines.append(f"(not available: {type(e).__name__} {e})")
+    return sorted(set(lines))
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench decode-sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,6 +53,11 @@ def main(argv: list[str]) -> int:
                     help="what the KV cache stores")
     ap.add_argument("--fp8-convert", default=None, choices=["cast", "bits"],
                     help="how the kernels widen fp8 K/V (sets MINISGL_TRITON_FP8_CONVERT; default: the engine's)")
+    ap.add_argument("--layout", default="engine", choices=["engine", "contiguous"],
+                    help="slot layout: the engine's (decode tokens interleaved) or one run of slots per request")
+    ap.add_argument("--blocks", type=int, nargs="+", default=None, help="key blocks to try (default: per dtype)")
+    ap.add_argument("--warps", type=int, nargs="+", default=None, help="warp counts to try (default: per dtype)")
+    ap.add_argument("--stages", type=int, nargs="+", default=None, help="pipeline stages to try (default: per dtype)")
     args = ap.parse_args(argv)
     if args.fp8_convert:
         os.environ["MINISGL_TRITON_FP8_CONVERT"] = args.fp8_convert
@@ -54,8 +77,12 @@ def main(argv: list[str]) -> int:
     v = torch.randn(slots_needed, HKV, D, device=dev, dtype=torch.bfloat16).to(kv_dtype)
     width = 40960
     page_table = torch.zeros(257, width, dtype=torch.int32, device=dev)
+    run_starts = [sum(P[:i]) + sum(OUT_LENS[:i]) for i in range(len(P))]
     for i in range(256):
-        row = list(range(starts[i], starts[i] + P[i])) + [total_p + t * 256 + i for t in range(OUT_LENS[i])]
+        if args.layout == "contiguous":
+            row = list(range(run_starts[i], run_starts[i] + P[i] + OUT_LENS[i]))
+        else:
+            row = list(range(starts[i], starts[i] + P[i])) + [total_p + t * 256 + i for t in range(OUT_LENS[i])]
         page_table[i, : len(row)] = torch.tensor(row, dtype=torch.int32, device=dev)
 
     def shape(step: int):
@@ -66,9 +93,14 @@ def main(argv: list[str]) -> int:
     current = ta.decode_launch(torch.bfloat16, kv_dtype)  # the engine's launch now
     results = []
     if kv_dtype.itemsize == 1:  # fp8 tiles are half as large: larger key blocks fit
-        configs = list(itertools.product([64, 128, 256], [4, 8], [2, 3, 4]))
+        grid = [[64, 128, 256], [4, 8], [1, 2, 3, 4]]  # 1 stage: no prefetch
     else:
-        configs = list(itertools.product([32, 64, 128], [2, 4, 8], [2, 3, 4]))
+        grid = [[32, 64, 128], [2, 4, 8], [2, 3, 4]]
+    for i, chosen in enumerate((args.blocks, args.warps, args.stages)):
+        grid[i] = chosen or grid[i]
+    configs = list(itertools.product(*grid))
+    if current not in configs:  # the engine's own launch is always measured (the "current" lines)
+        configs.append(current)
     for step in (200, 600, 950):
         running, lens = shape(step)
         bs = len(running)
@@ -124,6 +156,9 @@ def main(argv: list[str]) -> int:
     pos = torch.randint(0, 2000, (224,), device=dev, dtype=torch.int32)
     ms = triton.testing.do_bench(lambda: tf.qk_norm_rope(qkv, HQ, HKV, D, wq, wq, 1e-6, cs, pos), warmup=10, rep=40)
     print(f"== qk_norm_rope at T=224: {ms * 1e3:.2f} us/call")
+    print("== compiled decode kernels (warps, stages: registers / spills / shared bytes per program):")
+    for line in compiled_resources(ta._decode_split_kernel):
+        print("   " + line)
     best = ranked[0][1]
     if args.json:
         with open(args.json, "w") as f:
