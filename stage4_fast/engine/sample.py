@@ -118,7 +118,8 @@ def draw_by_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     ``uniforms`` [bs] (in [0, 1)) times the row's total, which draws token i with probability p_i / sum(p). A token of
     zero probability adds no mass, so it is never drawn. The whole batch in one cumulative sum and one search,
     where a seeded request once needed a generator and a multinomial call of its own: 256 seeded requests sampled
-    at 7,765 output tok/s against 42,777 greedy on the H200 (bench/results/h200-api-costs.md). The sum runs in
+    at 7,765 output tok/s that way, 17,402 this way, against ~42,500 greedy on the H200
+    (bench/results/h200-api-costs.md). The sum runs in
     float64: fp32 over 152k entries would shift the boundaries of the smallest probabilities."""
     cdf = probs.to(torch.float64).cumsum(dim=-1)
     target = (uniforms * cdf[:, -1]).unsqueeze(1)

@@ -270,7 +270,7 @@ DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
 DECODE_LAUNCH_FP32 = (64, 4, 3)  # fp32 K/V tiles are twice as large: 128-key blocks would not fit shared memory
 # an fp8 KV cache under 16-bit queries (python -m bench decode-sweep --kv-dtype fp8_e4m3): 3 stages, 388 against
-# 410 us for 2 summed over the three shapes (bench/gpu_notes.md, section 10)
+# 410 us for 2 summed over the three shapes (bench/gpu_notes.md, section 9)
 DECODE_LAUNCH_FP8 = (128, 4, 3)
 # split-K target: about this many programs per SM (batch x KV heads x splits); the same sweep found ~1,500
 # programs on 132 SMs best at every batch size (batch 23: 8 splits, 2.61 TB/s, where 2 splits gave 1.82 TB/s)
