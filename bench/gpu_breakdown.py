@@ -309,8 +309,9 @@ def main(argv: list[str]) -> int:
         target, value = item.split("=", 1)
         module, name = target.rsplit(".", 1)
         mod = importlib.import_module(module)
-        old = getattr(mod, name)  # tuples and numbers as Python literals, anything else cast to the old type
-        setattr(mod, name, ast.literal_eval(value) if isinstance(old, (tuple, int, float)) else type(old)(value))
+        old = getattr(mod, name)  # tuples, numbers and None as Python literals, anything else cast to the old type
+        literal = isinstance(old, (tuple, int, float, type(None)))
+        setattr(mod, name, ast.literal_eval(value) if literal else type(old)(value))
         options[f"set:{target}"] = value  # recorded with the results (not an engine option)
     engine_options = {k: v for k, v in options.items() if not k.startswith("set:")}
     t0 = time.perf_counter()

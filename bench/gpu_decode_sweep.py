@@ -58,6 +58,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--blocks", type=int, nargs="+", default=None, help="key blocks to try (default: per dtype)")
     ap.add_argument("--warps", type=int, nargs="+", default=None, help="warp counts to try (default: per dtype)")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="pipeline stages to try (default: per dtype)")
+    ap.add_argument("--maxnreg", type=int, nargs="+", default=[-1],
+                    help="register caps per thread to try (0: none; default: the engine's)")
     args = ap.parse_args(argv)
     if args.fp8_convert:
         os.environ["MINISGL_TRITON_FP8_CONVERT"] = args.fp8_convert
@@ -98,7 +100,10 @@ def main(argv: list[str]) -> int:
         grid = [[32, 64, 128], [2, 4, 8], [2, 3, 4]]
     for i, chosen in enumerate((args.blocks, args.warps, args.stages)):
         grid[i] = chosen or grid[i]
-    configs = list(itertools.product(*grid))
+    engine_cap = ta.decode_max_registers(torch.bfloat16, kv_dtype) or 0
+    caps = sorted({engine_cap if c < 0 else c for c in args.maxnreg})
+    current = (*current, engine_cap)
+    configs = list(itertools.product(*grid, caps))
     if current not in configs:  # the engine's own launch is always measured (the "current" lines)
         configs.append(current)
     for step in (200, 600, 950):
@@ -114,19 +119,22 @@ def main(argv: list[str]) -> int:
             mid_o = torch.empty(bs, HQ, 16, D, device=dev, dtype=torch.float32)
             mid_lse = torch.empty(bs, HQ, 16, device=dev, dtype=torch.float32)
             ref = ta.decode_attention(q, k, v, page_table, tidx, seq, D**-0.5, 1)
-            for bn, nw, ns in configs:
+            for bn, nw, ns, cap in configs:
                 try:
                     fn = functools.partial(ta.decode_attention, q, k, v, page_table, tidx, seq, D**-0.5, splits,
-                                           mid_o=mid_o, mid_lse=mid_lse, block_n=bn, num_warps=nw, num_stages=ns)
+                                           mid_o=mid_o, mid_lse=mid_lse, block_n=bn, num_warps=nw, num_stages=ns,
+                                           max_registers=cap)
                     out = fn()
                     err = (out.float() - ref.float()).abs().max().item()
                     ms = triton.testing.do_bench(fn, warmup=10, rep=40)
                 except Exception as e:  # noqa: BLE001
-                    print(f"step {step} bs {bs} splits {splits} bn {bn} w {nw} s {ns}: {type(e).__name__} {e}"[:200])
+                    print(f"step {step} bs {bs} splits {splits} bn {bn} w {nw} s {ns} maxnreg {cap}: "
+                          f"{type(e).__name__} {e}"[:200])
                     continue
-                r = dict(step=step, bs=bs, kv=sum(lens), splits=splits, block_n=bn, warps=nw, stages=ns, us=ms * 1e3,
+                r = dict(step=step, bs=bs, kv=sum(lens), splits=splits, block_n=bn, warps=nw, stages=ns, maxnreg=cap,
+                         us=ms * 1e3,
                          tbs=nbytes / (ms * 1e-3) / 1e12, err=err,
-                         default=(bn, nw, ns) == current and splits == base_splits)
+                         default=(bn, nw, ns, cap) == current and splits == base_splits)
                 results.append(r)
         rows = [r for r in results if r["step"] == step]
         rows.sort(key=lambda r: r["us"])
@@ -135,18 +143,18 @@ def main(argv: list[str]) -> int:
               f"{base_splits}; current {d['us']:.1f} us = {d['tbs']:.2f} TB/s" if d else "")
         for r in rows[:8]:
             print(f"   {r['us']:7.1f} us {r['tbs']:5.2f} TB/s  splits {r['splits']:2d} block_n {r['block_n']:3d} "
-                  f"warps {r['warps']} stages {r['stages']}  err {r['err']:.3g}")
+                  f"warps {r['warps']} stages {r['stages']} maxnreg {r['maxnreg'] or 'none'}  err {r['err']:.3g}")
 
     # the whole-run view: each config's summed time over the three shapes (weights ~ steps spent near each shape)
     agg = {}
     for r in results:
         if r["splits"] != ta.decode_num_splits(r["bs"], HKV, 16, 132):
             continue
-        agg.setdefault((r["block_n"], r["warps"], r["stages"]), []).append(r["us"])
+        agg.setdefault((r["block_n"], r["warps"], r["stages"], r["maxnreg"]), []).append(r["us"])
     ranked = sorted((sum(v), c) for c, v in agg.items() if len(v) == 3)
     print("== sum over the three shapes (engine splits):")
     for tot, c in ranked[:6]:
-        print(f"   {tot:7.1f} us  block_n {c[0]} warps {c[1]} stages {c[2]}")
+        print(f"   {tot:7.1f} us  block_n {c[0]} warps {c[1]} stages {c[2]} maxnreg {c[3] or 'none'}")
     print(f"   current {current}: {sum(agg[current]):.1f} us")
 
     # fused q/k norm + rope at the decode shape (28 calls per step)

@@ -277,6 +277,16 @@ DECODE_LAUNCH_FP8 = (128, 4, 3)
 DECODE_PROGRAMS_PER_SM = 11
 
 
+# a cap on the fp8 decode kernel's registers per thread (None: the compiler's choice): it takes ~200, which leaves
+# room for 2 programs per SM where bf16 (~136) fits 3 (bench/gpu_notes.md, section 9)
+DECODE_MAXNREG_FP8: int | None = None
+
+
+def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | None:
+    """The register cap of the decode kernel on a GPU for these dtypes (None: none)."""
+    return DECODE_MAXNREG_FP8 if kv_dtype.itemsize == 1 and q_dtype != torch.float32 else None
+
+
 def decode_launch(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int, int]:
     """(key block, warps, stages) of the decode kernel on a GPU for these query / KV-cache dtypes."""
     if q_dtype == torch.float32:
@@ -291,12 +301,12 @@ def decode_attention(
     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-    k_scale: float = 1.0, v_scale: float = 1.0,
+    k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
     v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
     / ``mid_lse`` [B', Hq, S'] fp32 scratch may be passed in (fixed buffers for CUDA graphs). block_n / num_warps /
-    num_stages override the GPU launch defaults (benchmarks)."""
+    num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks)."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -310,6 +320,9 @@ def decode_attention(
     dflt = decode_launch(q.dtype, k_cache.dtype)
     block_n = 16 if _interpreting() else (block_n or dflt[0])
     launch = {} if _interpreting() else dict(num_warps=num_warps or dflt[1], num_stages=num_stages or dflt[2])
+    cap = decode_max_registers(q.dtype, k_cache.dtype) if max_registers is None else max_registers
+    if cap and not _interpreting():
+        launch["maxnreg"] = cap
     direct = num_splits == 1
     if not direct:
         if mid_o is None:  # the graphs' layout (see SCRATCH_SPLIT_ALIGN): same strides, same compiled kernel
