@@ -269,17 +269,19 @@ DECODE_BLOCK_N = 128
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
 DECODE_LAUNCH_FP32 = (64, 4, 3)  # fp32 K/V tiles are twice as large: 128-key blocks would not fit shared memory
-# an fp8 KV cache under 16-bit queries (python -m bench decode-sweep --kv-dtype fp8_e4m3): 3 stages, 388 against
-# 410 us for 2 summed over the three shapes (bench/gpu_notes.md, section 9)
-DECODE_LAUNCH_FP8 = (128, 4, 3)
+# an fp8 KV cache under 16-bit queries (python -m bench decode-sweep --kv-dtype fp8_e4m3 --maxnreg ...): 64-key
+# blocks, 3 stages, at most 128 registers per thread (below); bench/results/h200-fp8-decode-sweep.md
+DECODE_LAUNCH_FP8 = (64, 4, 3)
 # split-K target: about this many programs per SM (batch x KV heads x splits); the same sweep found ~1,500
 # programs on 132 SMs best at every batch size (batch 23: 8 splits, 2.61 TB/s, where 2 splits gave 1.82 TB/s)
 DECODE_PROGRAMS_PER_SM = 11
 
 
-# a cap on the fp8 decode kernel's registers per thread (None: the compiler's choice): it takes ~200, which leaves
-# room for 2 programs per SM where bf16 (~136) fits 3 (bench/gpu_notes.md, section 9)
-DECODE_MAXNREG_FP8: int | None = None
+# a cap on the fp8 decode kernel's registers per thread (None: the compiler's choice). Uncapped it took ~200 with
+# 128-key blocks (the converted K/V tiles held whole), room for 2 programs per SM where bf16 (~136) fits 3; at 128
+# with 64-key blocks (no spills) 4 fit, and one layer at batch 218 reads in 156.6 instead of 163.1 us
+# (bench/results/h200-fp8-decode-sweep.md; bench/gpu_notes.md, section 9)
+DECODE_MAXNREG_FP8: int | None = 128
 
 
 def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | None:
