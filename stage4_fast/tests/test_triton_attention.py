@@ -170,3 +170,28 @@ def test_fp8_kernels_read_the_same_by_bits_as_by_cast(kv, q_dtype, monkeypatch):
         torch.testing.assert_close(got_p, ref_p.float(), atol=3e-2, rtol=3e-2, msg=mode)
     for a, b in zip(outs["cast"], outs["bits"]):
         torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+
+
+def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
+    """On a GPU an fp8 pool's decode kernel launches on 64-key blocks with at most DECODE_MAXNREG_FP8 registers per
+    thread (uncapped it held ~200, half the programs per SM a bf16 pool runs: bench/gpu_notes.md); a bf16 pool's
+    launch stays uncapped. Checked on the launch arguments, with the kernel stubbed (the interpreter has no
+    registers)."""
+    from stage4_fast.kernel import triton_attention as ta
+
+    launches: list[dict] = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(ta, "_interpreting", lambda: False)
+    monkeypatch.setattr(ta, "_decode_split_kernel", Recorder())
+    gen, k, v, pt, tidx, lens = _paged_setup(6, [7, 30], 2, 32)
+    q = torch.randn(2, 4, 32, generator=gen).to(torch.bfloat16)
+    for pool in (torch.float8_e4m3fn, torch.bfloat16):
+        ta.decode_attention(q, k.to(pool), v.to(pool), pt, tidx, lens, 1.0, 1)
+    fp8, bf16 = launches
+    assert (fp8["BLOCK_N"], fp8["num_warps"], fp8["num_stages"]) == ta.DECODE_LAUNCH_FP8 == (64, 4, 3)
+    assert fp8["maxnreg"] == ta.DECODE_MAXNREG_FP8 == 128
+    assert "maxnreg" not in bf16 and bf16["BLOCK_N"] == ta.DECODE_BLOCK_N
