@@ -9,7 +9,7 @@ Prints the fastest launch configurations (block of keys, warps, stages, split co
 the best configuration summed over the three shapes, and the fused q/k norm + RoPE kernel's time at batch 224.
 This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (bench/gpu_notes.md);
 ``--kv-dtype fp8_e4m3`` sweeps the same shapes over an fp8 KV cache (DECODE_LAUNCH_FP8), bytes counted as stored;
-``--fp8-convert bits`` widens the fp8 bytes with integer shifts instead of Triton's conversion; ``--layout
+``--layout
 contiguous`` gives every request one contiguous run of slots (a page-size-1 pool without interleaved decode tokens):
 whether the scattered rows, not the bytes, bound the kernel. Each compiled variant's registers, spills and shared
 memory per program are printed at the end (what bounds the programs resident on an SM).
@@ -18,7 +18,6 @@ import argparse
 import functools
 import itertools
 import json
-import os
 
 import torch
 import triton
@@ -51,8 +50,6 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", default=None, help="write every timing here (with the run's date, commit, versions)")
     ap.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3", "fp8_e5m2"],
                     help="what the KV cache stores")
-    ap.add_argument("--fp8-convert", default=None, choices=["cast", "bits"],
-                    help="how the kernels widen fp8 K/V (sets MINISGL_TRITON_FP8_CONVERT; default: the engine's)")
     ap.add_argument("--layout", default="engine", choices=["engine", "contiguous"],
                     help="slot layout: the engine's (decode tokens interleaved) or one run of slots per request")
     ap.add_argument("--blocks", type=int, nargs="+", default=None, help="key blocks to try (default: per dtype)")
@@ -61,8 +58,6 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[-1],
                     help="register caps per thread to try (0: none; default: the engine's)")
     args = ap.parse_args(argv)
-    if args.fp8_convert:
-        os.environ["MINISGL_TRITON_FP8_CONVERT"] = args.fp8_convert
     kv_dtype = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[
         args.kv_dtype]
 

@@ -48,9 +48,6 @@ class _Env:
     # the Triton attention's dots over an fp8 KV cache under 16-bit queries: "fp16" (fp8 converts to it exactly and
     # cheaply; 8 % faster decode attention on the H200, bench/results/h200.md) or "q" (the queries' dtype), for A/B runs
     TRITON_FP8_DOTS = EnvVar("TRITON_FP8_DOTS", "fp16", str)
-    # how those kernels widen fp8 K/V to fp16: "cast" (Triton's conversion) or "bits" (integer shifts in registers);
-    # a measurement switch (python -m bench decode-sweep --fp8-convert bits)
-    TRITON_FP8_CONVERT = EnvVar("TRITON_FP8_CONVERT", "cast", str)
     # sampling of the interactive shell (`--shell`). Upstream's defaults (temperature 0.6, 2048 tokens) make a small
     # model ramble for half a minute; greedy and 256 tokens answer briefly and the same way each time
     SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 256, int)

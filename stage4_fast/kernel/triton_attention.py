@@ -49,68 +49,26 @@ def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     return ENV.TRITON_FP8_DOTS.value == "fp16"
 
 
-# FP8_BITS of the kernels: 0 = K/V are read with tl.load's own conversion (.to), else the pool's bytes are loaded as
-# uint8 and widened to fp16 with integer operations: 1 = e4m3 (value / 256, the 256 folded into the scales), 2 = e5m2
-FP8_AS_CAST, FP8_BITS_E4M3, FP8_BITS_E5M2 = 0, 1, 2
-
-
-def fp8_bits_mode(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int:
-    """Whether the kernels widen fp8 K/V with integer operations (MINISGL_TRITON_FP8_CONVERT=bits; fp16 dots only)
-    instead of Triton's conversion. An fp16 number holds every e5m2 value as its upper byte and every e4m3 value
-    divided by 256 (exponent and mantissa shifted into place, the bias difference of 8 as a power of two), so the
-    widening is two shifts and a mask per byte and stays in registers. A measurement switch for the decode-sweep
-    (`--fp8-convert bits`): whether Triton's fp8 path, not the bytes, bounds the fp8 decode kernel."""
-    if not _fp16_dots(q_dtype, kv_dtype) or ENV.TRITON_FP8_CONVERT.value != "bits":
-        return FP8_AS_CAST
-    return FP8_BITS_E5M2 if kv_dtype == torch.float8_e5m2 else FP8_BITS_E4M3
-
-
-def fp8_bits_scale(mode: int) -> float:
-    """What the scales are multiplied by when the kernels widen by bits (e4m3 arrives as value / 256)."""
-    return 256.0 if mode == FP8_BITS_E4M3 else 1.0
-
-
-@triton.jit
-def _widen_fp8_bits(x, FP8_BITS: tl.constexpr):
-    """uint8 fp8 bytes -> fp16: e5m2 is fp16's upper byte; e4m3 (sign, 4 exponent bits, 3 mantissa bits) becomes the
-    fp16 number with the same fields shifted into place, whose value is the e4m3 value / 256 (subnormals too)."""
-    b = x.to(tl.uint16)
-    if FP8_BITS == 1:
-        h = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-    else:
-        h = b << 8
-    return h.to(tl.float16, bitcast=True)
-
-
 @triton.jit
 def _attend_key_block(
     q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION: tl.constexpr,
-    FP8_BITS: tl.constexpr,
 ):
     """Fold one block of keys (positions ``pos``, ``n_mask`` = inside the range) into the online softmax of the
     query rows ``q``: running max ``m_i``, sum ``l_i`` and weighted values ``acc``. ``visible`` [rows, keys] masks
     scores (the range, and causality in prefill). Both kernels call it; Triton inlines it."""
     slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
     kv_mask = n_mask[:, None] & d_mask[None, :]
-    if FP8_BITS:
-        k = _widen_fp8_bits(tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                                    mask=kv_mask, other=0), FP8_BITS)
-    else:
-        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        k = k.to(q.dtype)  # a no-op unless the pool stores another dtype (fp8)
+    k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = k.to(q.dtype)  # a no-op unless the pool stores another dtype (fp8)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if FP8_BITS:
-        v = _widen_fp8_bits(tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                                    mask=kv_mask, other=0), FP8_BITS)
-    else:
-        v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = v.to(q.dtype)
+    v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
@@ -133,7 +91,6 @@ def _decode_split_kernel(
     sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    FP8_BITS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -163,7 +120,7 @@ def _decode_split_kernel(
         n_mask = pos < end
         acc, m_i, l_i = _attend_key_block(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, FP8_BITS,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION,
         )
 
     out_mask = h_mask[:, None] & d_mask[None, :]
@@ -210,7 +167,7 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
     sm_scale, v_scale,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr, FP8_BITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -245,7 +202,7 @@ def _prefill_kernel(
         visible = n_mask[None, :] & (pos[None, :] <= (prefix + offs_m)[:, None])  # key 0: every row sees one
         acc, m_i, l_i = _attend_key_block(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, FP8_BITS,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION,
         )
     out = acc / l_i[:, None] * v_scale
     tl.store(Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -337,17 +294,13 @@ def decode_attention(
         mo = ml = out.new_empty(0, dtype=torch.float32)
     mo_strides = (mo.stride(0), mo.stride(1), mo.stride(2)) if not direct else (0, 0, 0)
     ml_strides = (ml.stride(0), ml.stride(1)) if not direct else (0, 0)
-    bits = fp8_bits_mode(q.dtype, k_cache.dtype)
-    k_scale, v_scale = k_scale * fp8_bits_scale(bits), v_scale * fp8_bits_scale(bits)
-    k_read, v_read = (k_cache.view(torch.uint8), v_cache.view(torch.uint8)) if bits else (k_cache, v_cache)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_read, v_read, page_table, table_idx, seq_lens, mo, ml, out,
+        q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
         sm_scale * k_scale, v_scale, num_splits,
         GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
-        DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), FP8_BITS=bits,
-        **launch,
+        DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), **launch,
     )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](
@@ -374,16 +327,13 @@ def prefill_attention(
         return out
     block_m, block_n = (16, 16) if _interpreting() else (64, 64)
     grid = (batch, num_qo_heads, triton.cdiv(max_seqlen_q, block_m))
-    bits = fp8_bits_mode(q.dtype, k_cache.dtype)
-    k_scale, v_scale = k_scale * fp8_bits_scale(bits), v_scale * fp8_bits_scale(bits)
-    k_read, v_read = (k_cache.view(torch.uint8), v_cache.view(torch.uint8)) if bits else (k_cache, v_cache)
     _prefill_kernel[grid](
-        q, k_read, v_read, out, page_table, table_idx, cu_seqlens_q, seq_lens,
+        q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
         sm_scale * k_scale, v_scale,
         GROUP=num_qo_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
-        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), FP8_BITS=bits,
+        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
     )
     return out

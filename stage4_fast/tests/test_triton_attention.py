@@ -7,11 +7,8 @@ import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package (the [test] extra installs it)")
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
 from stage4_fast.kernel.ref import paged_attention_ref  # noqa: E402
-from stage4_fast.kernel.triton_attention import _widen_fp8_bits, decode_attention, prefill_attention  # noqa: E402
+from stage4_fast.kernel.triton_attention import decode_attention, prefill_attention  # noqa: E402
 
 
 def _paged_setup(seed: int, seq_lens: list[int], num_kv_heads: int, head_dim: int, width: int = 64):
@@ -121,34 +118,11 @@ def test_eager_decode_compiles_nothing_the_graphs_did_not(monkeypatch):
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-@triton.jit
-def _widen_all_codes(X, Y, MODE: tl.constexpr):
-    offs = tl.arange(0, 256)
-    tl.store(Y + offs, _widen_fp8_bits(tl.load(X + offs), MODE))
-
-
-@pytest.mark.parametrize("kv", FP8)
-def test_fp8_widened_by_bits_is_the_fp8_value(kv):
-    """Every byte of the pool's fp8 format (e4m3: but its two NaN codes, which a saturating store never writes)
-    widened with integer shifts gives the fp16 number of the fp8 value (e4m3: divided by 256, exactly)."""
-    from stage4_fast.kernel import triton_attention as ta
-
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    out = torch.empty(256, dtype=torch.float16)
-    mode = ta.FP8_BITS_E4M3 if kv == "fp8_e4m3" else ta.FP8_BITS_E5M2
-    _widen_all_codes[(1,)](codes, out, MODE=mode)
-    expected = codes.view(FP8[kv]).float() / ta.fp8_bits_scale(mode)
-    finite = ~expected.isnan()
-    assert torch.equal(out.float()[finite], expected[finite])
-    if kv == "fp8_e5m2":  # its inf and NaN codes widen to fp16's
-        assert torch.equal(out.view(torch.int16), (codes.to(torch.int16) << 8))
-
-
 @pytest.mark.parametrize("kv", FP8)
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
-def test_fp8_kernels_read_the_same_by_bits_as_by_cast(kv, q_dtype, monkeypatch):
-    """MINISGL_TRITON_FP8_CONVERT=bits (the widening above, e4m3's 256 folded into the scales) gives what Triton's own
-    conversion gives, in decode (with splits) and prefill, and both follow the fp32 reference over stored x scale."""
+def test_fp8_cache_under_16_bit_queries_follows_the_reference(kv, q_dtype):
+    """The GPU's fp8 path: 16-bit queries over an fp8 pool (the dots in fp16, see _fp16_dots), in decode with splits
+    and in prefill, attend as the fp32 reference over stored x scale (scales not 1.0, so a forgotten one shows)."""
     from stage4_fast.kernel.ref import quantize_kv
 
     gen, k, v, pt, tidx, lens = _paged_setup(6, [9, 40, 64], 2, 32)
@@ -158,18 +132,12 @@ def test_fp8_kernels_read_the_same_by_bits_as_by_cast(kv, q_dtype, monkeypatch):
     extend = torch.tensor([9, 20, 1])
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), extend.cumsum(0).to(torch.int32)])
     qp = torch.randn(int(cu[-1]), 4, 32, generator=gen).to(q_dtype)
-    outs = {}
-    for mode in ("cast", "bits"):
-        monkeypatch.setenv("MINISGL_TRITON_FP8_CONVERT", mode)
-        outs[mode] = (decode_attention(qd, k, v, pt, tidx, lens, 32**-0.5, 2, **scales).float(),
-                      prefill_attention(qp, k, v, pt, tidx, cu, lens, 20, 32**-0.5, **scales).float())
+    got_d = decode_attention(qd, k, v, pt, tidx, lens, 32**-0.5, 2, **scales).float()
+    got_p = prefill_attention(qp, k, v, pt, tidx, cu, lens, 20, 32**-0.5, **scales).float()
     ref_d = paged_attention_ref(qd, k, v, pt, tidx, torch.arange(4, dtype=torch.int32), lens, 32**-0.5, **scales)
     ref_p = paged_attention_ref(qp, k, v, pt, tidx, cu, lens, 32**-0.5, **scales)
-    for (got_d, got_p), mode in zip(outs.values(), outs):
-        torch.testing.assert_close(got_d, ref_d.float(), atol=3e-2, rtol=3e-2, msg=mode)
-        torch.testing.assert_close(got_p, ref_p.float(), atol=3e-2, rtol=3e-2, msg=mode)
-    for a, b in zip(outs["cast"], outs["bits"]):
-        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(got_d, ref_d.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got_p, ref_p.float(), atol=3e-2, rtol=3e-2)
 
 
 def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
@@ -192,6 +160,6 @@ def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
     for pool in (torch.float8_e4m3fn, torch.bfloat16):
         ta.decode_attention(q, k.to(pool), v.to(pool), pt, tidx, lens, 1.0, 1)
     fp8, bf16 = launches
-    assert (fp8["BLOCK_N"], fp8["num_warps"], fp8["num_stages"]) == ta.DECODE_LAUNCH_FP8 == (64, 4, 3)
-    assert fp8["maxnreg"] == ta.DECODE_MAXNREG_FP8 == 128
+    assert (fp8["BLOCK_N"], fp8["num_warps"], fp8["num_stages"]) == ta.DECODE_LAUNCH_FP8
+    assert ta.DECODE_MAXNREG_FP8 and fp8["maxnreg"] == ta.DECODE_MAXNREG_FP8
     assert "maxnreg" not in bf16 and bf16["BLOCK_N"] == ta.DECODE_BLOCK_N
