@@ -23,7 +23,6 @@ it runs the CPU workload and skips the device timers and the profile: a smoke te
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import importlib
 import json
@@ -305,13 +304,7 @@ def main(argv: list[str]) -> int:
     dtype = torch.bfloat16 if args.gpu else torch.float32
     options = json.loads(args.options)
     label = args.label or f"{args.stage} {options or 'default'}"
-    for item in args.set:
-        target, value = item.split("=", 1)
-        module, name = target.rsplit(".", 1)
-        mod = importlib.import_module(module)
-        old = getattr(mod, name)  # tuples, numbers and None as Python literals, anything else cast to the old type
-        literal = isinstance(old, (tuple, int, float, type(None)))
-        setattr(mod, name, ast.literal_eval(value) if literal else type(old)(value))
+    for target, value in meta.apply_sets(args.set).items():
         options[f"set:{target}"] = value  # recorded with the results (not an engine option)
     engine_options = {k: v for k, v in options.items() if not k.startswith("set:")}
     t0 = time.perf_counter()

@@ -29,6 +29,9 @@ import triton.language as tl
 
 from ..env import ENV
 
+LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2: exp(x) = exp2(x * log2(e))
+LN2: tl.constexpr = tl.constexpr(math.log(2.0))
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -53,21 +56,33 @@ def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
 def _attend_key_block(
     q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
     """Fold one block of keys (positions ``pos``, ``n_mask`` = inside the range) into the online softmax of the
-    query rows ``q``: running max ``m_i``, sum ``l_i`` and weighted values ``acc``. ``visible`` [rows, keys] masks
-    scores (the range, and causality in prefill). Both kernels call it; Triton inlines it."""
-    slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    query rows ``q``: running max ``m_i``, sum ``l_i`` and weighted values ``acc``, in base 2 (``sm_scale``
+    includes log2(e), so each score takes one multiply and an ex2). ``visible`` [rows, keys] masks scores (the
+    range, and causality in prefill). MASKED=False: every key of the block is in range and visible, so no load is
+    predicated and no score selected (a third of the decode loop's instructions). Both kernels call it; Triton
+    inlines it."""
+    if MASKED:
+        slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    else:
+        slots = tl.load(PageTable + row * stride_pt + pos).to(tl.int64)
+        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :])
     k = k.to(q.dtype)  # a no-op unless the pool stores another dtype (fp8)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
-    qk = tl.where(visible, qk, float("-inf"))
+    if MASKED:
+        qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+    if MASKED:
+        v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+    else:
+        v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :])
     v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
@@ -91,6 +106,7 @@ def _decode_split_kernel(
     sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
+    WHOLE_BLOCKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -115,13 +131,29 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        n_mask = pos < end
-        acc, m_i, l_i = _attend_key_block(
-            q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION,
-        )
+    if WHOLE_BLOCKS:  # the split's whole blocks unmasked, then its partial last block (see decode_whole_blocks)
+        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(start, full_end, BLOCK_N):
+            pos = n0 + offs_n
+            acc, m_i, l_i = _attend_key_block(
+                q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
+                stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False,
+            )
+        if full_end < end:
+            pos = full_end + offs_n
+            n_mask = pos < end
+            acc, m_i, l_i = _attend_key_block(
+                q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
+                stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
+            )
+    else:  # every block masked
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + offs_n
+            n_mask = pos < end
+            acc, m_i, l_i = _attend_key_block(
+                q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
+                stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
+            )
 
     out_mask = h_mask[:, None] & d_mask[None, :]
     acc = acc * v_scale  # the V scale of an fp8 pool (1.0 otherwise); merging the splits is linear in it
@@ -132,7 +164,7 @@ def _decode_split_kernel(
     else:
         has_keys = l_i > 0  # a split past the end of a short sequence holds nothing
         out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l_i, 1.0)[:, None], 0.0)
-        lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))  # natural log
         tl.store(MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
                  out, mask=out_mask)
         tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
@@ -202,7 +234,7 @@ def _prefill_kernel(
         visible = n_mask[None, :] & (pos[None, :] <= (prefix + offs_m)[:, None])  # key 0: every row sees one
         acc, m_i, l_i = _attend_key_block(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
         )
     out = acc / l_i[:, None] * v_scale
     tl.store(Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -227,8 +259,10 @@ DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
 DECODE_LAUNCH_FP32 = (64, 4, 3)  # fp32 K/V tiles are twice as large: 128-key blocks would not fit shared memory
 # an fp8 KV cache under 16-bit queries (python -m bench decode-sweep --kv-dtype fp8_e4m3 --maxnreg ...): 64-key
-# blocks, 3 stages, at most 128 registers per thread (below); bench/results/h200-fp8-decode-sweep.md
-DECODE_LAUNCH_FP8 = (64, 4, 3)
+# blocks, at most 128 registers per thread (below), 5 stages: the first depth at which Triton double-buffers the
+# gathered K/V tiles (its pipeliner shares the stages between the page-table load and the K/V loads it addresses,
+# so 3 or 4 stages leave one buffer); bench/results/h200-decode-whole-blocks.md
+DECODE_LAUNCH_FP8 = (64, 4, 5)
 # split-K target: about this many programs per SM (batch x KV heads x splits); the same sweep found ~1,500
 # programs on 132 SMs best at every batch size (batch 23: 8 splits, 2.61 TB/s, where 2 splits gave 1.82 TB/s)
 DECODE_PROGRAMS_PER_SM = 11
@@ -239,6 +273,21 @@ DECODE_PROGRAMS_PER_SM = 11
 # with 64-key blocks (no spills) 4 fit, and one layer at batch 218 reads in 156.6 instead of 163.1 us
 # (bench/results/h200-fp8-decode-sweep.md; bench/gpu_notes.md, section 9)
 DECODE_MAXNREG_FP8: int | None = 128
+
+
+# The decode loop's whole blocks unmasked (WHOLE_BLOCKS): no predicated loads, no score selects, a third fewer
+# instructions per key row (48 -> 35 at 64-key fp8 blocks, compiled for sm_90). It pays where the kernel waits on
+# its instructions, an fp8 pool (converting every value): offline 26,555 -> 28,473 tok/s in one run. A bf16 pool's
+# kernel is bound by its bytes (4.0 TB/s at batch 218) and the second loop body costs registers (128 -> 183 per
+# thread, 2 programs per SM instead of 3): no gain end to end, so it keeps one masked loop
+# (bench/results/h200-decode-whole-blocks.md).
+DECODE_WHOLE_BLOCKS_FP8 = True
+DECODE_WHOLE_BLOCKS_16BIT = False
+
+
+def decode_whole_blocks(kv_dtype: torch.dtype) -> bool:
+    """Whether the decode kernel runs the blocks before each split's last one unmasked, for this pool dtype."""
+    return DECODE_WHOLE_BLOCKS_FP8 if kv_dtype.itemsize == 1 else DECODE_WHOLE_BLOCKS_16BIT
 
 
 def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | None:
@@ -298,9 +347,10 @@ def decode_attention(
         q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
-        sm_scale * k_scale, v_scale, num_splits,
+        sm_scale * k_scale * LOG2E, v_scale, num_splits,
         GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
-        DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), **launch,
+        DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
+        WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), **launch,
     )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](
@@ -331,7 +381,7 @@ def prefill_attention(
         q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
-        sm_scale * k_scale, v_scale,
+        sm_scale * k_scale * LOG2E, v_scale,
         GROUP=num_qo_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
         FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),

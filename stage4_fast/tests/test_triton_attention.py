@@ -49,6 +49,25 @@ def test_decode_matches_reference(num_qo_heads, num_kv_heads, head_dim, num_spli
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 3])
+def test_decode_whole_block_loop_equals_the_masked_loop(monkeypatch, num_splits):
+    """The decode kernel's two loops (whole blocks unmasked then a masked tail, as an fp8 pool runs; every block
+    masked, as a 16-bit pool runs) give the same result for lengths below one block, on block edges and between
+    them (the interpreter's key blocks hold 16 keys)."""
+    from stage4_fast.kernel import triton_attention as ta
+
+    seq_lens = [1, 15, 16, 17, 32, 33, 47, 64]
+    gen, k, v, pt, tidx, lens = _paged_setup(3, seq_lens, 2, 32)
+    q = torch.randn(len(seq_lens), 4, 32, generator=gen)
+    outs = []
+    for whole in (False, True):
+        monkeypatch.setattr(ta, "DECODE_WHOLE_BLOCKS_16BIT", whole)
+        outs.append(ta.decode_attention(q, k, v, pt, tidx, lens, 32**-0.5, num_splits))
+    ref = paged_attention_ref(q, k, v, pt, tidx, torch.arange(len(seq_lens) + 1, dtype=torch.int32), lens, 32**-0.5)
+    torch.testing.assert_close(outs[0], ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-6)
+
+
 def test_decode_writes_into_given_scratch_and_output():
     """Under a CUDA graph the scratch and output are fixed buffers: the kernel must use the ones passed in."""
     gen, k, v, pt, tidx, lens = _paged_setup(2, [7, 30], 2, 32)
@@ -141,7 +160,7 @@ def test_fp8_cache_under_16_bit_queries_follows_the_reference(kv, q_dtype):
 
 
 def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
-    """On a GPU an fp8 pool's decode kernel launches on 64-key blocks with at most DECODE_MAXNREG_FP8 registers per
+    """On a GPU an fp8 pool's decode kernel launches with DECODE_LAUNCH_FP8, at most DECODE_MAXNREG_FP8 registers per
     thread (uncapped it held ~200, half the programs per SM a bf16 pool runs: bench/gpu_notes.md); a bf16 pool's
     launch stays uncapped. Checked on the launch arguments, with the kernel stubbed (the interpreter has no
     registers)."""
@@ -163,3 +182,4 @@ def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
     assert (fp8["BLOCK_N"], fp8["num_warps"], fp8["num_stages"]) == ta.DECODE_LAUNCH_FP8
     assert ta.DECODE_MAXNREG_FP8 and fp8["maxnreg"] == ta.DECODE_MAXNREG_FP8
     assert "maxnreg" not in bf16 and bf16["BLOCK_N"] == ta.DECODE_BLOCK_N
+    assert fp8["WHOLE_BLOCKS"] and not bf16["WHOLE_BLOCKS"]  # unmasked whole blocks pay for fp8 only
