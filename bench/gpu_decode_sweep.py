@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[-1],
                     help="register caps per thread to try (0: none; default: the engine's)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                    help="override a module constant first (e.g. stage4_fast.kernel.triton_attention.FP8_V_STAGED="
-                         "False), for A/B runs")
+                    help="override a module constant first (e.g. stage4_fast.kernel.triton_attention."
+                         "DECODE_WHOLE_BLOCKS_16BIT=True), for A/B runs")
     args = ap.parse_args(argv)
     meta.apply_sets(args.set)
     kv_dtype = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[

@@ -62,8 +62,8 @@ def _attend_key_block(
     query rows ``q``: running max ``m_i``, sum ``l_i`` and weighted values ``acc``, in base 2 (``sm_scale``
     includes log2(e), so each score takes one multiply and an ex2). ``visible`` [rows, keys] masks scores (the
     range, and causality in prefill). MASKED=False: every key of the block is in range and visible, so no load is
-    predicated and no score selected (a third of the decode loop's instructions). Both kernels call it; Triton
-    inlines it."""
+    predicated and no score selected (about a quarter of the decode loop's instructions). Both kernels call it;
+    Triton inlines it."""
     if MASKED:
         slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -275,7 +275,7 @@ DECODE_PROGRAMS_PER_SM = 11
 DECODE_MAXNREG_FP8: int | None = 128
 
 
-# The decode loop's whole blocks unmasked (WHOLE_BLOCKS): no predicated loads, no score selects, a third fewer
+# The decode loop's whole blocks unmasked (WHOLE_BLOCKS): no predicated loads, no score selects, about a quarter fewer
 # instructions per key row (48 -> 35 at 64-key fp8 blocks, compiled for sm_90). It pays where the kernel waits on
 # its instructions, an fp8 pool (converting every value): offline 26,555 -> 28,473 tok/s in one run. A bf16 pool's
 # kernel is bound by its bytes (4.0 TB/s at batch 218) and the second loop body costs registers (128 -> 183 per
