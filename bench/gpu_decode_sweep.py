@@ -12,7 +12,9 @@ This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (benc
 ``--layout
 contiguous`` gives every request one contiguous run of slots (a page-size-1 pool without interleaved decode tokens):
 whether the scattered rows, not the bytes, bound the kernel. Each compiled variant's registers, spills and shared
-memory per program are printed at the end (what bounds the programs resident on an SM).
+memory per program are printed at the end (what bounds the programs resident on an SM). Over an fp8 pool on a GPU
+that has it, the hand-written CUDA kernel (csrc/decode_fp8.cu, no launch parameters) is timed beside the Triton
+launches at every split count, as "cuda".
 """
 import argparse
 import functools
@@ -27,6 +29,8 @@ from stage4_fast.kernel import triton_fused as tf
 
 from . import meta
 from .workloads import offline_upstream
+
+CUDA_CONFIG = (0, 0, 0, 0)  # the CUDA kernel's rows: it has no Triton launch parameters
 
 
 def compiled_resources(kernel) -> list[str]:
@@ -57,6 +61,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="pipeline stages to try (default: per dtype)")
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[-1],
                     help="register caps per thread to try (0: none; default: the engine's)")
+    ap.add_argument("--splits", type=int, nargs="+", default=None,
+                    help="split counts to time at every shape (default: the engine's, 1, and 2x and 4x the engine's)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a module constant first (e.g. stage4_fast.kernel.triton_attention."
                          "DECODE_WHOLE_BLOCKS_16BIT=True), for A/B runs")
@@ -91,7 +97,7 @@ def main(argv: list[str]) -> int:
         lens = [P[i] + step + 1 for i in running]
         return running, lens
 
-    current = ta.decode_launch(torch.bfloat16, kv_dtype)  # the engine's launch now
+    current = triton_launch = ta.decode_launch(torch.bfloat16, kv_dtype)  # the engine's Triton launch now
     results = []
     if kv_dtype.itemsize == 1:  # fp8 tiles are half as large: larger key blocks fit
         grid = [[64, 128, 256], [4, 8], [1, 2, 3, 4]]  # 1 stage: no prefetch
@@ -105,6 +111,14 @@ def main(argv: list[str]) -> int:
     configs = list(itertools.product(*grid, caps))
     if current not in configs:  # the engine's own launch is always measured (the "current" lines)
         configs.append(current)
+    cuda_kernel = ta.cuda_fp8_decode_module(torch.empty(1, HQ, D, device=dev, dtype=torch.bfloat16), k,
+                                            page_table) is not None
+    if cuda_kernel:  # what the engine runs over this pool; the Triton launches are timed against it
+        current = CUDA_CONFIG
+
+    def label(c: tuple) -> str:
+        return "cuda kernel" if c == CUDA_CONFIG else (f"block_n {c[0]:3d} warps {c[1]} stages {c[2]} "
+                                                       f"maxnreg {c[3] or 'none'}")
     for step in (200, 600, 950):
         running, lens = shape(step)
         bs = len(running)
@@ -112,17 +126,19 @@ def main(argv: list[str]) -> int:
         seq = torch.tensor(lens, dtype=torch.int32, device=dev)
         q = torch.randn(bs, HQ, D, device=dev, dtype=torch.bfloat16)
         nbytes = sum(lens) * HKV * D * 2 * kv_dtype.itemsize
-        base_splits = ta.decode_num_splits(bs, HKV, 16, 132)
-        split_opts = sorted({base_splits, 1, 2 * base_splits, 4 * base_splits} & set(range(1, 17)))
+        base_splits = ta.decode_num_splits(bs, HKV, 16, 132, cuda_kernel)
+        split_opts = sorted(set(args.splits or {base_splits, 1, 2 * base_splits, 4 * base_splits}) & set(range(1, 17)))
         for splits in split_opts:
             mid_o = torch.empty(bs, HQ, 16, D, device=dev, dtype=torch.float32)
             mid_lse = torch.empty(bs, HQ, 16, device=dev, dtype=torch.float32)
-            ref = ta.decode_attention(q, k, v, page_table, tidx, seq, D**-0.5, 1)
-            for bn, nw, ns, cap in configs:
+            ref = ta.decode_attention(q, k, v, page_table, tidx, seq, D**-0.5, 1,  # Triton, one split: the reference
+                                      **dict(zip(("block_n", "num_warps", "num_stages"), triton_launch)))
+            for bn, nw, ns, cap in configs + ([CUDA_CONFIG] if cuda_kernel else []):
+                launch = {} if (bn, nw, ns, cap) == CUDA_CONFIG else dict(
+                    block_n=bn, num_warps=nw, num_stages=ns, max_registers=cap)
                 try:
                     fn = functools.partial(ta.decode_attention, q, k, v, page_table, tidx, seq, D**-0.5, splits,
-                                           mid_o=mid_o, mid_lse=mid_lse, block_n=bn, num_warps=nw, num_stages=ns,
-                                           max_registers=cap)
+                                           mid_o=mid_o, mid_lse=mid_lse, **launch)
                     out = fn()
                     err = (out.float() - ref.float()).abs().max().item()
                     ms = triton.testing.do_bench(fn, warmup=10, rep=40)
@@ -141,20 +157,20 @@ def main(argv: list[str]) -> int:
         print(f"== step {step}: bs {bs}, {sum(lens):,} KV tokens, {nbytes / 1e9:.2f} GB/layer; engine splits "
               f"{base_splits}; current {d['us']:.1f} us = {d['tbs']:.2f} TB/s" if d else "")
         for r in rows[:8]:
-            print(f"   {r['us']:7.1f} us {r['tbs']:5.2f} TB/s  splits {r['splits']:2d} block_n {r['block_n']:3d} "
-                  f"warps {r['warps']} stages {r['stages']} maxnreg {r['maxnreg'] or 'none'}  err {r['err']:.3g}")
+            c = (r["block_n"], r["warps"], r["stages"], r["maxnreg"])
+            print(f"   {r['us']:7.1f} us {r['tbs']:5.2f} TB/s  splits {r['splits']:2d} {label(c)}  err {r['err']:.3g}")
 
     # the whole-run view: each config's summed time over the three shapes (weights ~ steps spent near each shape)
     agg = {}
     for r in results:
-        if r["splits"] != ta.decode_num_splits(r["bs"], HKV, 16, 132):
+        if r["splits"] != ta.decode_num_splits(r["bs"], HKV, 16, 132, cuda_kernel and r["block_n"] == 0):
             continue
         agg.setdefault((r["block_n"], r["warps"], r["stages"], r["maxnreg"]), []).append(r["us"])
     ranked = sorted((sum(v), c) for c, v in agg.items() if len(v) == 3)
     print("== sum over the three shapes (engine splits):")
     for tot, c in ranked[:6]:
-        print(f"   {tot:7.1f} us  block_n {c[0]} warps {c[1]} stages {c[2]} maxnreg {c[3] or 'none'}")
-    print(f"   current {current}: {sum(agg[current]):.1f} us")
+        print(f"   {tot:7.1f} us  {label(c)}")
+    print(f"   current ({label(current)}): {sum(agg[current]):.1f} us")
 
     # fused q/k norm + rope at the decode shape (28 calls per step)
     qkv = torch.randn(224, (HQ + 2 * HKV) * D, device=dev, dtype=torch.bfloat16)

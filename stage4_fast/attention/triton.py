@@ -72,11 +72,15 @@ class TritonBackend(BaseAttnBackend):
         self._v = [self.kv_cache.v_cache(i).view(-1, self.num_kv_heads, self.head_dim) for i in layers]
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 1)
+        # an fp8 pool on an sm_89+ GPU decodes with the CUDA kernel, which wants fewer splits
+        self._cuda_fp8 = triton_attention.cuda_fp8_decode_applies(
+            getattr(self.kv_cache, "compute_dtype", k0.dtype), k0.dtype, self.head_dim,
+            self.num_qo_heads // self.num_kv_heads, self.device)
         self.capture: TritonCaptureData | None = None
         self._capture_meta: Dict[int, TritonMetadata] = {}
 
     def _num_splits(self, bs: int) -> int:
-        return self._kernels.decode_num_splits(bs, self.num_kv_heads, MAX_DECODE_SPLITS, self.num_sms)
+        return self._kernels.decode_num_splits(bs, self.num_kv_heads, MAX_DECODE_SPLITS, self.num_sms, self._cuda_fp8)
 
     def prepare_metadata(self, batch: Batch) -> None:
         lens = make_seq_lens(batch.padded_reqs)

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CUDA_SOURCES = ("store_cache.cu", "store_cache_fp8.cu", "indexing.cu")
+CUDA_SOURCES = ("store_cache.cu", "store_cache_fp8.cu", "indexing.cu", "decode_fp8.cu")
 MODULE_NAME = "stage4_fast_kernels"
 
 logger = logging.getLogger(__name__)

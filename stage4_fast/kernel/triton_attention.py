@@ -20,6 +20,7 @@ use IEEE precision rather than TF32 so fp32 runs stay token-for-token with HF.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -28,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..env import ENV
+from .jit import load_cuda_kernels
 
 LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2: exp(x) = exp2(x * log2(e))
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
@@ -241,14 +243,15 @@ def _prefill_kernel(
              out.to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132) -> int:
-    """Split-K factor: about DECODE_PROGRAMS_PER_SM programs per SM, so small batches of long sequences still
-    stream the KV at full bandwidth. It depends on the batch size only, so one captured graph per batch size
-    stays valid."""
+def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
+                      cuda_fp8: bool = False) -> int:
+    """Split-K factor: about DECODE_PROGRAMS_PER_SM programs per SM (DECODE_PROGRAMS_PER_SM_CUDA_FP8 for the CUDA
+    fp8 kernel), so small batches of long sequences still stream the KV at full bandwidth. It depends on the batch
+    size only, so one captured graph per batch size stays valid."""
     if _interpreting():
         return min(2, max_splits)  # exercise the merge path, cheaply
-    programs = DECODE_PROGRAMS_PER_SM * num_sms
-    return max(1, min(max_splits, math.ceil(programs / max(1, batch_size * num_kv_heads))))
+    per_sm = DECODE_PROGRAMS_PER_SM_CUDA_FP8 if cuda_fp8 else DECODE_PROGRAMS_PER_SM
+    return max(1, min(max_splits, math.ceil(per_sm * num_sms / max(1, batch_size * num_kv_heads))))
 
 
 # Launch parameters of the decode kernel on a GPU, from a sweep on the H200 at the upstream offline workload's
@@ -266,6 +269,12 @@ DECODE_LAUNCH_FP8 = (64, 4, 5)
 # split-K target: about this many programs per SM (batch x KV heads x splits); the same sweep found ~1,500
 # programs on 132 SMs best at every batch size (batch 23: 8 splits, 2.61 TB/s, where 2 splits gave 1.82 TB/s)
 DECODE_PROGRAMS_PER_SM = 11
+# the CUDA fp8 kernel's target: a split costs it more than it saves (a program's Q, page-table and first row loads are
+# a chain of dependent memory reads before its first tile, and its warps merge through shared memory at the end).
+# One split was fastest at all three of the sweep's shapes (batch 23: 43.7 us, 3-16 splits 47.8-51.5, 2 splits 59.2;
+# bench/results/h200-decode-fp8-cuda.md); 1, 2 and 4 programs per SM decoded the offline workload in the same device
+# time (3.49-3.51 s)
+DECODE_PROGRAMS_PER_SM_CUDA_FP8 = 1
 
 
 # a cap on the fp8 decode kernel's registers per thread (None: the compiler's choice). Uncapped it took ~200 with
@@ -295,6 +304,38 @@ def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | N
     return DECODE_MAXNREG_FP8 if kv_dtype.itemsize == 1 and q_dtype != torch.float32 else None
 
 
+# Which kernel decodes over an fp8 pool on a GPU: "cuda" (csrc/decode_fp8.cu, tensor cores without the Triton
+# kernel's 8x head padding, about a third of its instructions per key row) or "triton" (this module's kernel).
+# The CUDA kernel needs sm_89+, head_dim 128 and at most 8 query heads per KV head; elsewhere Triton runs.
+DECODE_FP8_KERNEL = "cuda"
+
+
+@functools.cache
+def _has_fp8_conversions(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def cuda_fp8_decode_applies(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int,
+                            device: torch.device) -> bool:
+    """Whether a decode with these shapes takes the CUDA fp8 kernel (see DECODE_FP8_KERNEL)."""
+    if DECODE_FP8_KERNEL != "cuda" or _interpreting() or device.type != "cuda" or kv_dtype.itemsize != 1:
+        return False
+    if q_dtype not in (torch.float16, torch.bfloat16) or head_dim != 128 or group > 8:
+        return False
+    if not _has_fp8_conversions(device.index if device.index is not None else torch.cuda.current_device()):
+        return False
+    module = load_cuda_kernels()
+    return module is not None and hasattr(module, "decode_fp8")
+
+
+def cuda_fp8_decode_module(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor):
+    """The JIT-built CUDA module whose ``decode_fp8`` takes this decode, else None (the Triton kernel runs)."""
+    group = q.shape[1] // k_cache.shape[1]
+    if page_table.stride(0) % 4 or not cuda_fp8_decode_applies(q.dtype, k_cache.dtype, q.shape[-1], group, q.device):
+        return None
+    return load_cuda_kernels()
+
+
 def decode_launch(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int, int]:
     """(key block, warps, stages) of the decode kernel on a GPU for these query / KV-cache dtypes."""
     if q_dtype == torch.float32:
@@ -314,7 +355,8 @@ def decode_attention(
     """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
     v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
     / ``mid_lse`` [B', Hq, S'] fp32 scratch may be passed in (fixed buffers for CUDA graphs). block_n / num_warps /
-    num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks)."""
+    num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks) and so pick the Triton
+    kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``)."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -323,6 +365,8 @@ def decode_attention(
         out = torch.empty_like(q)
     if batch == 0:
         return out
+    triton_launch_asked = (block_n, num_warps, num_stages, max_registers) != (None, None, None, None)
+    cuda = None if triton_launch_asked else cuda_fp8_decode_module(q, k_cache, page_table)
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))
     dflt = decode_launch(q.dtype, k_cache.dtype)
@@ -343,15 +387,19 @@ def decode_attention(
         mo = ml = out.new_empty(0, dtype=torch.float32)
     mo_strides = (mo.stride(0), mo.stride(1), mo.stride(2)) if not direct else (0, 0, 0)
     ml_strides = (ml.stride(0), ml.stride(1)) if not direct else (0, 0)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
-        sm_scale * k_scale * LOG2E, v_scale, num_splits,
-        GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
-        DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-        WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), **launch,
-    )
+    if cuda is not None:
+        cuda.decode_fp8(q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
+                        sm_scale * k_scale * LOG2E, v_scale, num_splits)
+    else:
+        _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+            q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
+            sm_scale * k_scale * LOG2E, v_scale, num_splits,
+            GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
+            DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
+            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), **launch,
+        )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](
             mo, ml, out, *mo_strides, *ml_strides, out.stride(0), out.stride(1), num_splits,

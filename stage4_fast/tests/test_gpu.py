@@ -155,6 +155,37 @@ def test_triton_attention_reads_an_fp8_cache_at_qwen3_shape(kv):
         torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("kv", FP8)
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
+def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
+    """The hand-written fp8 decode kernel (csrc/decode_fp8.cu) against the fp32 reference over ``stored * scale``:
+    lengths on and around its 16-key tiles and 64-key warp rounds, more splits than a short sequence has keys (empty
+    splits), every GQA group it takes, bf16 and fp16 queries. Bound: the output is rounded to the queries' dtype
+    (bf16: 2^-8 relative) after fp16 products (queries and probabilities rounded to 2^-11): 1e-2, where the Triton
+    kernel's test above allows 3e-2."""
+    from stage4_fast.kernel import triton_attention as ta
+
+    gen = torch.Generator().manual_seed(group)
+    hkv, d, slots = 4, 128, 8192
+    hq = hkv * group
+    k = quantize_kv(torch.randn(slots, hkv, d, generator=gen) * 3, 0.5, FP8[kv]).to(CUDA)
+    v = quantize_kv(torch.randn(slots, hkv, d, generator=gen), 2.0, FP8[kv]).to(CUDA)
+    lens = torch.tensor([1, 2, 15, 16, 17, 63, 64, 65, 129, 1000, 2047], dtype=torch.int32)
+    batch = lens.numel()
+    pt = torch.stack([torch.randperm(slots, generator=gen)[:2048] for _ in range(batch)]).to(torch.int32).to(CUDA)
+    tidx = torch.randperm(batch, generator=gen).to(torch.int32).to(CUDA)
+    lens = lens.to(CUDA)
+    cu = torch.arange(batch + 1, dtype=torch.int32)
+    for q_dtype in (torch.bfloat16, torch.float16):
+        q = torch.randn(batch, hq, d, generator=gen).to(CUDA, q_dtype)
+        if ta.cuda_fp8_decode_module(q, k, pt) is None:
+            pytest.skip("the CUDA fp8 decode kernel needs sm_89+ and the JIT-built extension")
+        ref = paged_attention_ref(q, k, v, pt, tidx, cu, lens, d**-0.5, k_scale=0.5, v_scale=2.0).float()
+        for splits in (1, 3, 16):
+            out = ta.decode_attention(q, k, v, pt, tidx, lens, d**-0.5, splits, k_scale=0.5, v_scale=2.0)
+            torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
 # ---- backends with the real libraries ------------------------------------------------------------------------------
 
 
