@@ -183,3 +183,44 @@ def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
     assert ta.DECODE_MAXNREG_FP8 and fp8["maxnreg"] == ta.DECODE_MAXNREG_FP8
     assert "maxnreg" not in bf16 and bf16["BLOCK_N"] == ta.DECODE_BLOCK_N
     assert fp8["WHOLE_BLOCKS"] and not bf16["WHOLE_BLOCKS"]  # unmasked whole blocks pay for fp8 only
+
+
+def test_fp8_decode_routes_to_the_cuda_kernel_where_it_applies(monkeypatch):
+    """Where the CUDA fp8 kernel applies (stubbed here: it needs an sm_89+ GPU), decode_attention hands it the
+    Triton kernel's arguments — base-2 softmax scale with the K scale folded in, the V scale, the split scratch —
+    and merges its splits with the Triton merge kernel; asking for a Triton launch (the sweeps do) keeps Triton."""
+    from stage4_fast.kernel import triton_attention as ta
+
+    class CudaStub:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def decode_fp8(self, *args) -> None:
+            self.calls.append(args)
+
+    cuda, split_kernel, combine = CudaStub(), _LaunchRecorder(), _LaunchRecorder()
+    monkeypatch.setattr(ta, "cuda_fp8_decode_module", lambda q, k_cache, page_table: cuda)
+    monkeypatch.setattr(ta, "_decode_split_kernel", split_kernel)
+    monkeypatch.setattr(ta, "_decode_combine_kernel", combine)
+    gen, k, v, pt, tidx, lens = _paged_setup(6, [7, 30], 2, 32)
+    q = torch.randn(2, 4, 32, generator=gen).to(torch.bfloat16)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 3, k_scale=0.5, v_scale=2.0)
+    (args,) = cuda.calls
+    scale_log2, v_scale, splits = args[-3:]
+    assert scale_log2 == pytest.approx(0.25 * 0.5 * ta.LOG2E) and v_scale == 2.0 and splits == 3
+    assert args[6].shape[2] >= 3 and len(combine.calls) == 1 and not split_kernel.calls
+    ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 1)  # one split: output written directly, no merge
+    assert len(cuda.calls) == 2 and len(combine.calls) == 1
+    ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 3, block_n=64)
+    assert len(cuda.calls) == 2 and len(split_kernel.calls) == 1
+
+
+def test_the_cuda_fp8_kernel_splits_only_small_batches(monkeypatch):
+    """The CUDA fp8 kernel's split rule (DECODE_PROGRAMS_PER_SM_CUDA_FP8 = 1 program per SM) against the Triton
+    kernel's (11): Qwen3-0.6B's 8 KV heads on 132 SMs."""
+    from stage4_fast.kernel import triton_attention as ta
+
+    monkeypatch.setattr(ta, "_interpreting", lambda: False)
+    assert [ta.decode_num_splits(bs, 8, 16, 132, cuda_fp8=True) for bs in (218, 23, 17, 16, 1)] == [1, 1, 1, 2, 16]
+    assert [ta.decode_num_splits(bs, 8, 16, 132) for bs in (218, 23, 1)] == [1, 8, 16]

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "convert.cuh"
 #include "decode_fp8.h"
 
 namespace stage4 {
@@ -91,21 +92,6 @@ __device__ __forceinline__ uint4 load_row_bytes(const uint8_t* p) {
                : "l"(p));
   return r;
 }
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// explicit conversions: torch builds extensions with the implicit half/bfloat16 conversions switched off
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 
 // The token slots of one lane's rows of a tile: the K rows of labels g and 8 + g (positions 4(g/2) + g%2 and that
 // + 2) and the V rows at positions 4t .. 4t + 3. Positions at or past `end` read slot 0 (a valid row, masked later).

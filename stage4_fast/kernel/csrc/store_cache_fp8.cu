@@ -12,6 +12,7 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "convert.cuh"
 
 namespace stage4 {
 
@@ -22,10 +23,6 @@ template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 __device__ __forceinline__ uint8_t quantize(float x, float scale, __nv_fp8_interpretation_t kind) {
   // an IEEE division (no fast math in the build), so that the reference's x / scale rounds the same way
