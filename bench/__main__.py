@@ -8,6 +8,7 @@ commands:
   breakdown      where one offline `generate` spends its time: per step host vs device, a kernel profile (GPU)
   decode-sweep   the Triton decode kernel's launch parameters at the real workload's shapes (GPU)
   gemv-sweep     the one-token Triton GEMV against cuBLAS at the model's linear shapes (GPU)
+  gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and the tiled Triton GEMM at the model's shapes (GPU)
   kv-accuracy    what a bf16 / fp8 KV cache costs in accuracy against a full-precision one (stage4)
   tp             TP 1 vs TP 2: fp32 equality with HF, bf16 agreement and throughput (2 GPUs)
   tp-logits      TP 1 vs TP 2 teacher-forced logits against HF, and the all-reduce's cost (2 GPUs)
@@ -26,7 +27,7 @@ import sys
 
 COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker",
             "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep",
-            "gemv-sweep": "gpu_gemv_sweep", "kv-accuracy": "kv_accuracy",
+            "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep", "kv-accuracy": "kv_accuracy",
             "tp": "gpu_tp", "tp-logits": "gpu_tp_logits", "api-costs": "api_costs", "api-host": "api_host",
             "lm-eval": "lm_eval_parity"}
 

@@ -13,8 +13,8 @@ This is how DECODE_* in stage4_fast/kernel/triton_attention.py were chosen (benc
 contiguous`` gives every request one contiguous run of slots (a page-size-1 pool without interleaved decode tokens):
 whether the scattered rows, not the bytes, bound the kernel. Each compiled variant's registers, spills and shared
 memory per program are printed at the end (what bounds the programs resident on an SM). Over an fp8 pool on a GPU
-that has it, the hand-written CUDA kernel (csrc/decode_fp8.cu, no launch parameters) is timed beside the Triton
-launches at every split count, as "cuda".
+that has it, the hand-written CUDA kernel (csrc/decode_fp8.cu: no launch parameters, only the tiles per warp it keeps
+in shared memory, ``--cuda-stages``) is timed beside the Triton launches at every split count, as "cuda kernel".
 """
 import argparse
 import functools
@@ -30,7 +30,14 @@ from stage4_fast.kernel import triton_fused as tf
 from . import meta
 from .workloads import offline_upstream
 
-CUDA_CONFIG = (0, 0, 0, 0)  # the CUDA kernel's rows: it has no Triton launch parameters
+
+def cuda_config(stages: int, heads_first: bool) -> tuple[int, int, int, int]:
+    """The CUDA kernel's rows: no Triton launch parameters, only its shared-memory stages and grid order."""
+    return (0, 0, stages, int(heads_first))
+
+
+def is_cuda_config(c: tuple) -> bool:
+    return c[0] == 0
 
 
 def compiled_resources(kernel) -> list[str]:
@@ -63,6 +70,10 @@ def main(argv: list[str]) -> int:
                     help="register caps per thread to try (0: none; default: the engine's)")
     ap.add_argument("--splits", type=int, nargs="+", default=None,
                     help="split counts to time at every shape (default: the engine's, 1, and 2x and 4x the engine's)")
+    ap.add_argument("--cuda-stages", type=int, nargs="+", default=None,
+                    help="the CUDA kernel's shared-memory stages to time (default: the engine's)")
+    ap.add_argument("--cuda-order", nargs="+", default=None, choices=["heads", "sequences"],
+                    help="the CUDA kernel's grid orders to time: KV heads or sequences first (default: the engine's)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a module constant first (e.g. stage4_fast.kernel.triton_attention."
                          "DECODE_WHOLE_BLOCKS_16BIT=True), for A/B runs")
@@ -113,11 +124,17 @@ def main(argv: list[str]) -> int:
         configs.append(current)
     cuda_kernel = ta.cuda_fp8_decode_module(torch.empty(1, HQ, D, device=dev, dtype=torch.bfloat16), k,
                                             page_table) is not None
-    if cuda_kernel:  # what the engine runs over this pool; the Triton launches are timed against it
-        current = CUDA_CONFIG
+    orders = [o == "heads" for o in args.cuda_order] if args.cuda_order else [ta.DECODE_FP8_CUDA_HEADS_FIRST]
+    cuda_configs = [cuda_config(s, o) for s in (args.cuda_stages or [ta.DECODE_FP8_CUDA_STAGES]) for o in orders]
+    if not cuda_kernel:
+        cuda_configs = []
+    else:  # what the engine runs over this pool; the Triton launches are timed against it
+        current = cuda_config(ta.DECODE_FP8_CUDA_STAGES, ta.DECODE_FP8_CUDA_HEADS_FIRST)
 
     def label(c: tuple) -> str:
-        return "cuda kernel" if c == CUDA_CONFIG else (f"block_n {c[0]:3d} warps {c[1]} stages {c[2]} "
+        if is_cuda_config(c):
+            return f"cuda kernel, {c[2]} stages, {'heads' if c[3] else 'sequences'} first"
+        return (f"block_n {c[0]:3d} warps {c[1]} stages {c[2]} "
                                                        f"maxnreg {c[3] or 'none'}")
     for step in (200, 600, 950):
         running, lens = shape(step)
@@ -133,8 +150,8 @@ def main(argv: list[str]) -> int:
             mid_lse = torch.empty(bs, HQ, 16, device=dev, dtype=torch.float32)
             ref = ta.decode_attention(q, k, v, page_table, tidx, seq, D**-0.5, 1,  # Triton, one split: the reference
                                       **dict(zip(("block_n", "num_warps", "num_stages"), triton_launch)))
-            for bn, nw, ns, cap in configs + ([CUDA_CONFIG] if cuda_kernel else []):
-                launch = {} if (bn, nw, ns, cap) == CUDA_CONFIG else dict(
+            for bn, nw, ns, cap in configs + cuda_configs:
+                launch = dict(cuda_stages=ns, cuda_heads_first=bool(cap)) if bn == 0 else dict(
                     block_n=bn, num_warps=nw, num_stages=ns, max_registers=cap)
                 try:
                     fn = functools.partial(ta.decode_attention, q, k, v, page_table, tidx, seq, D**-0.5, splits,

@@ -308,6 +308,11 @@ def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | N
 # kernel's 8x head padding, about a third of its instructions per key row) or "triton" (this module's kernel).
 # The CUDA kernel needs sm_89+, head_dim 128 and at most 8 query heads per KV head; elsewhere Triton runs.
 DECODE_FP8_KERNEL = "cuda"
+# Tiles per warp the CUDA fp8 kernel keeps in shared memory (2, 3 or 4): one computes while the others' rows are
+# being copied in (cp.async), so an SM has about (stages - 1) x 16 warps x 4 KB of KV in flight.
+DECODE_FP8_CUDA_STAGES = 3
+# The CUDA fp8 kernel's grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False).
+DECODE_FP8_CUDA_HEADS_FIRST = True
 
 
 @functools.cache
@@ -350,13 +355,15 @@ def decode_attention(
     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-    k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None,
+    k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None, cuda_stages: int | None = None,
+    cuda_heads_first: bool | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
     v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
     / ``mid_lse`` [B', Hq, S'] fp32 scratch may be passed in (fixed buffers for CUDA graphs). block_n / num_warps /
     num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks) and so pick the Triton
-    kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``)."""
+    kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``); ``cuda_stages`` and
+    ``cuda_heads_first`` override DECODE_FP8_CUDA_STAGES and DECODE_FP8_CUDA_HEADS_FIRST there."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -389,7 +396,8 @@ def decode_attention(
     ml_strides = (ml.stride(0), ml.stride(1)) if not direct else (0, 0)
     if cuda is not None:
         cuda.decode_fp8(q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
-                        sm_scale * k_scale * LOG2E, v_scale, num_splits)
+                        sm_scale * k_scale * LOG2E, v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
+                        DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first)
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,

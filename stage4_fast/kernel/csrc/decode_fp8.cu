@@ -3,15 +3,17 @@
 // Why not Triton: its fp8 decode kernel is bound by its instruction stream, not by bytes (bench/gpu_notes.md,
 // section 10: ~35 instructions per (key, KV head) row, 2.3 TB/s). Its dots need 16 query rows, so a GQA group of 2
 // heads is padded 8x; V's fp8 bytes are loaded one by one because the P.V dot reduces over V's rows; every value is
-// converted on its own path. Here one warp owns 16 keys at a time and
-//   * QK: S[16 heads x 8 keys] = Q[16 x 16 dims] . K^T per mma.sync.m16n8k16 (fp16 in, fp32 accumulate). The dims of
-//     a chunk of 16 are relabelled so that each lane's four K values of a chunk are four consecutive bytes of its key
-//     row: a lane loads 32 bytes of one key row (two 16-byte loads) and converts them two bytes per instruction;
-//   * P.V: O[16 heads x 8 dims] += P[16 x 16 keys] . V[16 keys x 8 dims]. P is the QK accumulators as they lie (the
-//     FlashAttention-2 layout, no shuffles). The dims are relabelled so that a lane's B operand over all 16 output
-//     tiles is 16 consecutive bytes of each of its four key rows: four 16-byte loads, then a byte permute pairs two
-//     keys' values of one dim and one conversion widens the pair to fp16x2;
-//   * rows 8..15 of every A operand are zero (GROUP <= 8 heads), so their accumulators are never kept.
+// converted on its own path. Here one warp owns 16 keys at a time and, per mma.sync.m16n8k16 (fp16 in, fp32 sums),
+//   * QK: S^T[16 keys x 8 heads] = K[16 keys x 16 dims] . Q^T: the keys fill the mma's 16 rows and the GQA group's
+//     heads its 8 columns (up to 8 heads, padding 2 to 8 rather than to 16). The dims of a chunk of 16 are relabelled
+//     so that each lane's four K values of a chunk are four consecutive bytes of its key row: a lane loads 32 bytes
+//     of each of its two key rows (16-byte loads) and widens them two bytes per instruction;
+//   * P.V: O^T[16 dims x 8 heads] += V^T[16 dims x 16 keys] . P^T. The output dims are relabelled so that a lane's A
+//     operand over all 8 dim tiles is 16 consecutive bytes of each of its four key rows: four 16-byte loads, then a
+//     byte permute pairs two keys' values of one dim and one conversion widens the pair to fp16x2. P^T reaches the
+//     B operand from the QK accumulators by four shuffles (the transpose of their layout).
+// (A first version put the heads in the rows, as the Triton kernel does: it padded 2 heads to 16, and moving the
+// constant Q fragment and zeros into each mma's four consecutive A registers cost 95 of 514 loop instructions.)
 // The keys of a 16-key tile are relabelled as well, so that the four scores a lane holds and the four V rows it loads
 // are the same four consecutive positions of the sequence (one 16-byte page-table load).
 //
@@ -36,7 +38,8 @@ constexpr int kDecodeThreads = kDecodeWarps * kWarpSize;
 constexpr int kTileKeys = 16;
 constexpr int kRoundKeys = kTileKeys * kDecodeWarps;  // the keys one round of all warps covers
 constexpr int kDecodeHeadDim = 128;
-constexpr int kMaxGroup = 8;  // query heads per KV head: rows 0..7 of the mma's 16
+constexpr int kMaxGroup = 8;
+constexpr int kDecodeBlocksPerSm = 4;  // the register budget: 128 per thread, so that four programs share an SM  // query heads per KV head: rows 0..7 of the mma's 16
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // four fp8 values (one 32-bit word) -> two fp16x2: bytes 0, 1 in `lo`, bytes 2, 3 in `hi` (one instruction each on
@@ -85,37 +88,16 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-__device__ __forceinline__ uint4 load_row_bytes(const uint8_t* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
-// The token slots of one lane's rows of a tile: the K rows of labels g and 8 + g (positions 4(g/2) + g%2 and that
-// + 2) and the V rows at positions 4t .. 4t + 3. Positions at or past `end` read slot 0 (a valid row, masked later).
-struct TileSlots {
-  int32_t k0, k1;
-  int4 v;
-};
-
-__device__ __forceinline__ TileSlots load_slots(const int32_t* table, int tile, int end, int g, int t) {
-  const int k_pos = tile + 4 * (g >> 1) + (g & 1);
-  const int v_pos = tile + 4 * t;
-  TileSlots s;
-  if (tile + kTileKeys <= end) {
-    s.k0 = __ldg(table + k_pos);
-    s.k1 = __ldg(table + k_pos + 2);
-    s.v = __ldg(reinterpret_cast<const int4*>(table + v_pos));
-  } else {  // the sequence's last, partial tile: read no table entry past it
-    s.k0 = k_pos < end ? __ldg(table + k_pos) : 0;
-    s.k1 = k_pos + 2 < end ? __ldg(table + k_pos + 2) : 0;
-    s.v.x = v_pos < end ? __ldg(table + v_pos) : 0;
-    s.v.y = v_pos + 1 < end ? __ldg(table + v_pos + 1) : 0;
-    s.v.z = v_pos + 2 < end ? __ldg(table + v_pos + 2) : 0;
-    s.v.w = v_pos + 3 < end ? __ldg(table + v_pos + 3) : 0;
-  }
+// The token slots whose rows a lane copies: positions 4q .. 4q + 3 of a tile, q = lane / 8 (one 16-byte table
+// load). Positions at or past `end` read slot 0 (a valid row, masked later).
+__device__ __forceinline__ int4 load_slots(const int32_t* table, int tile, int end, int lane) {
+  const int pos = tile + 4 * (lane >> 3);
+  if (tile + kTileKeys <= end) return __ldg(reinterpret_cast<const int4*>(table + pos));
+  int4 s;  // the sequence's last, partial tile: read no table entry past it
+  s.x = pos < end ? __ldg(table + pos) : 0;
+  s.y = pos + 1 < end ? __ldg(table + pos + 1) : 0;
+  s.z = pos + 2 < end ? __ldg(table + pos + 2) : 0;
+  s.w = pos + 3 < end ? __ldg(table + pos + 3) : 0;
   return s;
 }
 
@@ -132,28 +114,80 @@ __device__ __forceinline__ const uint8_t* row_at(const uint8_t* base, int32_t sl
   return base + static_cast<uint64_t>(static_cast<uint32_t>(slot)) * stride;
 }
 
-__device__ __forceinline__ TileRows load_rows(const TileSlots& s, const uint8_t* k_base, const uint8_t* v_base,
-                                              uint32_t stride_kt, uint32_t stride_vt) {
-  TileRows r;
-  const uint8_t* k0 = row_at(k_base, s.k0, stride_kt);
-  const uint8_t* k1 = row_at(k_base, s.k1, stride_kt);
-  r.k[0] = load_row_bytes(k0);
-  r.k[1] = load_row_bytes(k0 + 16);
-  r.k[2] = load_row_bytes(k1);
-  r.k[3] = load_row_bytes(k1 + 16);
-  r.v[0] = load_row_bytes(row_at(v_base, s.v.x, stride_vt));
-  r.v[1] = load_row_bytes(row_at(v_base, s.v.y, stride_vt));
-  r.v[2] = load_row_bytes(row_at(v_base, s.v.z, stride_vt));
-  r.v[3] = load_row_bytes(row_at(v_base, s.v.w, stride_vt));
+// A warp's tile in shared memory: the 16 K rows (128 bytes each, by position), then the 16 V rows. The warp copies
+// whole rows (8 lanes x 16 bytes a row, four rows an instruction: every DRAM sector used once), and each lane then
+// reads the bytes its fragments need. The 16-byte chunks of a row are permuted (chunk c of K row r at c ^ (r & 1),
+// of V row r at c ^ 2(r / 4 % 4)) so that both the copies and those reads touch each bank once per 8 lanes.
+constexpr int kRowBytes = kDecodeHeadDim;
+constexpr int kStageBytes = 2 * kTileKeys * kRowBytes;  // one warp's tile: 4 KB
+constexpr int kVOffset = kTileKeys * kRowBytes;
+
+__device__ __forceinline__ void copy_16_async(uint32_t smem, const uint8_t* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Where this lane's copies and reads fall in a stage (byte offsets; see above).
+struct StageOffsets {
+  uint32_t copy_k_even, copy_k_odd, copy_v;  // rows 4q + i, chunk lane % 8: + i x 128
+  uint32_t read_k0, read_k1, read_v;         // K label g chunks 2t, 2t + 1 (label 8 + g: + 256); V: + i x 128
+
+  __device__ __forceinline__ StageOffsets(int lane) {
+    const int c = lane & 7, q = lane >> 3, g = lane >> 2, t = lane & 3;
+    copy_k_even = 4 * q * kRowBytes + 16 * c;
+    copy_k_odd = 4 * q * kRowBytes + 16 * (c ^ 1);
+    copy_v = kVOffset + 4 * q * kRowBytes + 16 * (c ^ (2 * q));
+    const int k_row = 4 * (g >> 1) + (g & 1);  // the position of key label g
+    read_k0 = k_row * kRowBytes + 16 * ((2 * t) ^ (g & 1));
+    read_k1 = k_row * kRowBytes + 16 * ((2 * t + 1) ^ (g & 1));
+    read_v = kVOffset + 4 * t * kRowBytes + 16 * (g ^ (2 * t));
+  }
+};
+
+// Starts the copies of one tile's rows (this lane's four slots `s`, chunk lane % 8) into the stage at `stage`.
+__device__ __forceinline__ void copy_rows_async(const int4& s, uint32_t stage, const StageOffsets& o,
+                                                const uint8_t* k_base, const uint8_t* v_base, uint32_t stride_kt,
+                                                uint32_t stride_vt) {
+  const int32_t slot[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    copy_16_async(stage + (i & 1 ? o.copy_k_odd : o.copy_k_even) + i * kRowBytes, row_at(k_base, slot[i], stride_kt));
+    copy_16_async(stage + o.copy_v + i * kRowBytes, row_at(v_base, slot[i], stride_vt));
+  }
+}
+
+__device__ __forceinline__ uint4 load_shared_16(uint32_t addr) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
   return r;
+}
+
+__device__ __forceinline__ void load_k_rows(uint32_t stage, const StageOffsets& o, TileRows& r) {
+  r.k[0] = load_shared_16(stage + o.read_k0);
+  r.k[1] = load_shared_16(stage + o.read_k1);
+  r.k[2] = load_shared_16(stage + o.read_k0 + 2 * kRowBytes);
+  r.k[3] = load_shared_16(stage + o.read_k1 + 2 * kRowBytes);
+}
+
+__device__ __forceinline__ void load_v_rows(uint32_t stage, const StageOffsets& o, TileRows& r) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.v[i] = load_shared_16(stage + o.read_v + i * kRowBytes);
 }
 
 // Folds one 16-key tile (this lane's rows) into the warp's online softmax: running max `m_run` and sum `l_run` of
 // heads 2t, 2t + 1 and the unnormalised output `acc` (O^T tiles, see the kernel).
 template <bool kE5M2>
-__device__ __forceinline__ void attend_tile(TileRows& rows, const uint32_t (&q_frag)[16], int tile, int end, int g,
+__device__ __forceinline__ void attend_tile(uint32_t stage, const StageOffsets& o, const uint32_t (&q_frag)[16], int tile, int end, int g,
                                             int t, float scale_log2, float (&acc)[8][4], float (&m_run)[2],
                                             float (&l_run)[2]) {
+    TileRows rows;
+    load_k_rows(stage, o, rows);
     // S^T = K . Q^T over 8 chunks of 16 dims: s = keys g (s[0..1]) and 8 + g (s[2..3]) x heads 2t, 2t + 1
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -163,6 +197,7 @@ __device__ __forceinline__ void attend_tile(TileRows& rows, const uint32_t (&q_f
       fp8x4_to_half2x2<kE5M2>(word_of(rows.k[2 + c / 4], c % 4), k_frag[1], k_frag[3]);
       mma_16816(s, k_frag, q_frag[2 * c], q_frag[2 * c + 1]);
     }
+    load_v_rows(stage, o, rows);
     if (tile + kTileKeys > end) {  // the last, partial tile: keys past the end score -inf and their V rows are 0
       const int k_pos = tile + 4 * (g >> 1) + (g & 1);
       if (k_pos >= end) s[0] = s[1] = -INFINITY;
@@ -229,14 +264,16 @@ __device__ __forceinline__ void attend_tile(TileRows& rows, const uint32_t (&q_f
     }
 }
 
-template <typename QT, bool kE5M2, bool kDirect>
-__global__ void __launch_bounds__(kDecodeThreads) decode_fp8_kernel(const DecodeFp8Args a) {
+template <typename QT, bool kE5M2, bool kDirect, int kStages>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) decode_fp8_kernel(const DecodeFp8Args a) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2;  // the mma's row group: key labels g and 8 + g, query head g, V dims 16g ..
   const int t = lane & 3;   // the thread in the group: K dims 32t .., query heads 2t and 2t + 1, V positions 4t ..
-  const int b = blockIdx.x;
-  const int kv_head = blockIdx.y;
+  // heads first: the programs of one sequence's KV heads start together and read the same token rows (128 bytes
+  // each of a row's 1 KB) at about the same time
+  const int b = a.heads_first ? blockIdx.y : blockIdx.x;
+  const int kv_head = a.heads_first ? blockIdx.x : blockIdx.y;
   const int split = blockIdx.z;
 
   const int seq_len = a.seq_lens[b];
@@ -257,8 +294,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_fp8_kernel(const Decode
     }
   }
 
-  const uint8_t* k_base = a.k_cache + kv_head * a.stride_kh + 32 * t;
-  const uint8_t* v_base = a.v_cache + kv_head * a.stride_vh + 16 * g;
+  const uint8_t* k_base = a.k_cache + kv_head * a.stride_kh + 16 * (lane & 7);  // this lane's chunk of each row
+  const uint8_t* v_base = a.v_cache + kv_head * a.stride_vh + 16 * (lane & 7);
   const uint32_t stride_kt = static_cast<uint32_t>(a.stride_kt), stride_vt = static_cast<uint32_t>(a.stride_vt);
   float acc[8][4];  // O^T tile j: dims 16g + 2j (acc[j][0..1]) and 16g + 2j + 1 (acc[j][2..3]), heads 2t, 2t + 1
 #pragma unroll
@@ -266,33 +303,55 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_fp8_kernel(const Decode
   float m_run[2] = {-INFINITY, -INFINITY};  // running max of heads 2t, 2t + 1 (raw scores)
   float l_run[2] = {0.f, 0.f};              // this lane's share of their running sums
 
-  // Each warp takes every kDecodeWarps-th tile of the split. Two row buffers alternate (the loop is unrolled by two)
-  // so that the next round's loads are in flight while this one computes, without copying registers.
+  // Each warp takes every kDecodeWarps-th tile of the split and keeps kStages - 1 of its next tiles in flight, copied
+  // into shared memory while it computes; the page-table entries of a tile are read two rounds before its copies
+  // start, so that no copy waits on its address.
+  extern __shared__ __align__(16) uint8_t smem[];
+  const uint32_t warp_stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * kStages * kStageBytes;
+  const StageOffsets offsets(lane);
   int tile = start + warp * kTileKeys;
-  TileSlots slots_next;
-  TileRows rows[2];
-  if (tile < end) {
-    rows[0] = load_rows(load_slots(table, tile, end, g, t), k_base, v_base, stride_kt, stride_vt);
-    if (tile + kRoundKeys < end) slots_next = load_slots(table, tile + kRoundKeys, end, g, t);
-  }
-  while (tile < end) {
+  int next_copy = tile;  // the next tile whose rows to copy
+  {
+    int4 first[kStages - 1];
 #pragma unroll
-    for (int buf = 0; buf < 2; ++buf) {
-      if (tile < end) {
-        if (tile + kRoundKeys < end) {  // prefetch: the next round's rows, the round after's slots
-          rows[buf ^ 1] = load_rows(slots_next, k_base, v_base, stride_kt, stride_vt);
-          if (tile + 2 * kRoundKeys < end) slots_next = load_slots(table, tile + 2 * kRoundKeys, end, g, t);
-        }
-        attend_tile<kE5M2>(rows[buf], q_frag, tile, end, g, t, a.scale_log2, acc, m_run, l_run);
-        tile += kRoundKeys;
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (next_copy + i * kRoundKeys < end) first[i] = load_slots(table, next_copy + i * kRoundKeys, end, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (next_copy < end) {
+        copy_rows_async(first[i], warp_stages + i * kStageBytes, offsets, k_base, v_base, stride_kt, stride_vt);
       }
+      commit_copies();
+      next_copy += kRoundKeys;
     }
   }
+  int4 ahead[2];  // the slots of tiles next_copy and next_copy + one round
+  if (next_copy < end) ahead[0] = load_slots(table, next_copy, end, lane);
+  if (next_copy + kRoundKeys < end) ahead[1] = load_slots(table, next_copy + kRoundKeys, end, lane);
+  int stage = 0;
+  for (; tile < end; tile += kRoundKeys) {
+    wait_copies<kStages - 2>();  // this lane's copies of this tile (each round commits one group, empty past the end)
+    __syncwarp();                // ... and the other lanes' (and every lane is done reading the stage refilled next)
+    const int refill = stage == 0 ? kStages - 1 : stage - 1;  // the stage the previous round read
+    if (next_copy < end) {
+      copy_rows_async(ahead[0], warp_stages + refill * kStageBytes, offsets, k_base, v_base, stride_kt, stride_vt);
+    }
+    commit_copies();
+    next_copy += kRoundKeys;
+    ahead[0] = ahead[1];
+    if (next_copy + kRoundKeys < end) ahead[1] = load_slots(table, next_copy + kRoundKeys, end, lane);
+    attend_tile<kE5M2>(warp_stages + stage * kStageBytes, offsets, q_frag, tile, end, g, t, a.scale_log2, acc, m_run,
+                       l_run);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+  wait_copies<0>();
 
   // merge the warps: each leaves its per-head max, sum and unnormalised output
   __shared__ float warp_max[kDecodeWarps][kMaxGroup];
   __shared__ float warp_sum[kDecodeWarps][kMaxGroup];
-  __shared__ float warp_out[kDecodeWarps][kMaxGroup][kDecodeHeadDim];
+  auto& warp_out = *reinterpret_cast<float (*)[kDecodeWarps][kMaxGroup][kDecodeHeadDim]>(smem);  // over the stages
+  __syncthreads();  // every warp is done reading its stages
 #pragma unroll
   for (int mask = 4; mask < kWarpSize; mask *= 2) {
     l_run[0] += __shfl_xor_sync(kFullMask, l_run[0], mask);
@@ -344,14 +403,28 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_fp8_kernel(const Decode
   }
 }
 
+template <typename QT, bool kE5M2, bool kDirect, int kStages>
+void launch_stages(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
+  constexpr int smem_bytes = kStages * kDecodeWarps * kStageBytes;
+  static const cudaError_t configured = cudaFuncSetAttribute(  // above the 48 KB a launch gets unasked
+      decode_fp8_kernel<QT, kE5M2, kDirect, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  (void)configured;
+  decode_fp8_kernel<QT, kE5M2, kDirect, kStages><<<grid, kDecodeThreads, smem_bytes, stream>>>(a);
+}
+
+template <typename QT, bool kE5M2, bool kDirect>
+void launch_direct(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
+  switch (a.stages) {
+    case 2: return launch_stages<QT, kE5M2, kDirect, 2>(a, grid, stream);
+    case 3: return launch_stages<QT, kE5M2, kDirect, 3>(a, grid, stream);
+    default: return launch_stages<QT, kE5M2, kDirect, 4>(a, grid, stream);
+  }
+}
+
 template <typename QT, bool kE5M2>
 void launch_decode_fp8(const DecodeFp8Args& a, int batch, int num_kv_heads, bool direct, cudaStream_t stream) {
-  const dim3 grid(batch, num_kv_heads, a.num_splits);
-  if (direct) {
-    decode_fp8_kernel<QT, kE5M2, true><<<grid, kDecodeThreads, 0, stream>>>(a);
-  } else {
-    decode_fp8_kernel<QT, kE5M2, false><<<grid, kDecodeThreads, 0, stream>>>(a);
-  }
+  const dim3 grid = a.heads_first ? dim3(num_kv_heads, batch, a.num_splits) : dim3(batch, num_kv_heads, a.num_splits);
+  direct ? launch_direct<QT, kE5M2, true>(a, grid, stream) : launch_direct<QT, kE5M2, false>(a, grid, stream);
 }
 
 }  // namespace stage4

@@ -23,6 +23,8 @@ struct DecodeFp8Args {
   float v_scale;
   int num_splits;
   int group;
+  int stages;
+  int heads_first;  // grid order: a sequence's KV heads side by side (1) or one KV head's sequences (0)  // tiles per warp in shared memory (2, 3 or 4): stages - 1 in flight while one computes
 };
 
 }  // namespace stage4
