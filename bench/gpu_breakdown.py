@@ -15,6 +15,9 @@ Runs the offline workload of `python -m bench` (GPU: upstream's 256 requests) th
 2. profiled: the same run with torch.profiler around a few decode steps at step `--profile-step` (replayed CUDA
    graphs) and the same number of steps run eagerly (graphs switched off for them): kernel time per step by kind
    (GEMM, attention, everything else) and the top kernels.
+3. `--host-profile N`: one more run with Python's cProfile around N scheduler steps from `--profile-step` on: the
+   functions that take the host's time per step (the profiler slows Python down, so read the ranking and the
+   shares, not the absolute figures).
 
 The engine is imported as `stage4_fast` from the path (set PYTHONPATH to compare another copy). On CPU (no --gpu)
 it runs the CPU workload and skips the device timers and the profile: a smoke test of the instrumentation.
@@ -24,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import importlib
 import json
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -67,6 +72,8 @@ class Instrument:
         self.profile_steps = 0
         self.profiles: dict = {}
         self._prof = None
+        self.host_profile: cProfile.Profile | None = None  # cProfile around loop iterations [at, at + n)
+        self.host_profile_window = (0, 0)
         engine = llm.engine
         self._forward, self._prepare = engine.forward_batch, llm._prepare_batch
         self._process, self._loop = llm._process_last_data, llm.overlap_loop
@@ -74,8 +81,8 @@ class Instrument:
         engine.forward_batch = self.forward_batch
         llm._prepare_batch = self.timed(self._prepare, self.prepare_s)
         llm._process_last_data = self.timed(self._process, self.process_s)
-        llm.overlap_loop = self.timed(self._loop, self.loop_s)
-        llm.normal_loop = self.timed(self._normal_loop, self.loop_s)
+        llm.overlap_loop = self.timed(self.host_profiled(self._loop), self.loop_s)
+        llm.normal_loop = self.timed(self.host_profiled(self._normal_loop), self.loop_s)
         self.eager = False
         engine.graph_runner.can_use_cuda_graph = self.can_use_cuda_graph
 
@@ -86,6 +93,19 @@ class Instrument:
             return False
         padded = getattr(batch, "padded_reqs", None)  # not set yet while pad_batch asks
         return padded is None or len(padded) in self.llm.engine.graph_runner.graph_map
+
+    def host_profiled(self, fn):
+        def wrapper(*args, **kwargs):
+            lo, hi = self.host_profile_window
+            if self.host_profile is None or not lo <= len(self.loop_s) < hi:
+                return fn(*args, **kwargs)
+            self.host_profile.enable()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.host_profile.disable()
+
+        return wrapper
 
     @staticmethod
     def timed(fn, sink: list):
@@ -197,6 +217,20 @@ def summarize_profile(prof, steps: int, wall: float) -> dict:
             "kernels_per_step": sum(k["calls_per_step"] for k in kernels)}
 
 
+def summarize_host_profile(prof: cProfile.Profile, steps: int, top: int = 30) -> dict:
+    """cProfile's functions by their own time per step (and with what they call), the largest first."""
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    rows = []
+    for (file, line, name), (_, calls, own, cum, _) in stats.items():
+        where = name if file == "~" else f"{Path(file).name}:{line} {name}"
+        rows.append({"function": where, "calls_per_step": calls / steps, "own_us_per_step": 1e6 * own / steps,
+                     "cum_us_per_step": 1e6 * cum / steps})
+    total = sum(r["own_us_per_step"] for r in rows)
+    by_own = sorted(rows, key=lambda r: -r["own_us_per_step"])[:top]
+    by_cum = sorted(rows, key=lambda r: -r["cum_us_per_step"])[:top]
+    return {"steps": steps, "own_us_per_step_total": total, "top_own": by_own, "top_cumulative": by_cum}
+
+
 def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
     steps = inst.steps
     cuda = inst.cuda
@@ -278,6 +312,18 @@ def report(name: str, s: dict) -> str:
     return "\n".join(lines)
 
 
+def report_host_profile(name: str, hp: dict) -> str:
+    lines = [f"== {name}: cProfile over {hp['steps']} steps at mean bs {hp['mean_bs']:.0f}: "
+             f"{hp['own_us_per_step_total'] / 1e3:.2f} ms of Python per step (profiler on)",
+             "   own time:"]
+    lines += [f"      {r['own_us_per_step']:8.1f} us/step {r['calls_per_step']:7.1f}x  {r['function'][:100]}"
+              for r in hp["top_own"][:20]]
+    lines.append("   with callees:")
+    lines += [f"      {r['cum_us_per_step']:8.1f} us/step {r['calls_per_step']:7.1f}x  {r['function'][:100]}"
+              for r in hp["top_cumulative"][:20]]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench breakdown", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -289,6 +335,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--profile-step", type=int, default=200, help="first profiled step (of the second run)")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N",
+                    help="one more run with cProfile around N scheduler steps from --profile-step on")
     ap.add_argument("--calls", type=int, default=1, help="timed generate calls on the same engine (2+: warm cache)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a module constant before the engine starts (e.g. "
@@ -345,6 +393,18 @@ def main(argv: list[str]) -> int:
         out["profiled"]["profiles"] = inst.profiles
         print(report(f"{label} (second run, profiler on for {2 * args.profile_steps} steps)", out["profiled"]),
               flush=True)
+    if args.host_profile:
+        inst.reset()
+        inst.host_profile = cProfile.Profile()
+        inst.host_profile_window = (args.profile_step, args.profile_step + args.host_profile)
+        llm.generate(w.prompts, params, use_tqdm=False)
+        inst.finish()
+        window = inst.steps[args.profile_step : args.profile_step + args.host_profile]
+        hp = summarize_host_profile(inst.host_profile, len(window))
+        hp["mean_bs"] = sum(r["bs"] for r in window) / max(len(window), 1)
+        out["host_profile"] = hp
+        inst.host_profile = None
+        print(report_host_profile(label, hp), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     llm.shutdown()

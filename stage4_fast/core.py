@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, List, Literal, Tuple
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Req:
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len
         # once a token was appended, input_ids is the view _host_view = _host_buf[:_host_len]
         self._host_buf: torch.Tensor | None = None
+        self._host_np: np.ndarray | None = None  # the same memory as _host_buf
         self._host_view: torch.Tensor | None = None
         self._host_len = 0
 
@@ -112,19 +114,17 @@ class Req:
     def append_host(self, next_token: torch.Tensor | int) -> None:
         """Append one token to input_ids. The ids live in a host buffer with spare room (grown by doubling, up to
         max_device_len), so an append is a store and a slice instead of a copy of the whole row: the scheduler does
-        this for every running request at every step. Earlier views of input_ids never change (only positions past
+        this for every running request at every step. The store goes through a numpy view of the buffer (~0.05 us
+        where a tensor element store takes ~1.5). Earlier views of input_ids never change (only positions past
         their end are written)."""
         buf = self._host_buf
         if buf is None or self.input_ids is not self._host_view or self._host_len >= buf.shape[0]:
             n = self.input_ids.shape[0]  # (not len(): Tensor.__len__ is slow Python)
             buf = torch.empty(max(min(max(2 * n, n + 64), self.max_device_len), n + 1), dtype=self.input_ids.dtype)
             buf[:n] = self.input_ids
-            self._host_buf, self._host_len = buf, n
+            self._host_buf, self._host_np, self._host_len = buf, buf.numpy(), n
         n = self._host_len
-        if isinstance(next_token, int):
-            buf[n] = next_token
-        else:
-            buf[n : n + 1] = next_token.view(1)
+        self._host_np[n] = next_token if isinstance(next_token, int) else int(next_token)
         self._host_len = n + 1
         self.input_ids = self._host_view = buf[: n + 1]
 

@@ -310,7 +310,7 @@ def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | N
 DECODE_FP8_KERNEL = "cuda"
 # Tiles per warp the CUDA fp8 kernel keeps in shared memory (2, 3 or 4): one computes while the others' rows are
 # being copied in (cp.async), so an SM has about (stages - 1) x 16 warps x 4 KB of KV in flight.
-DECODE_FP8_CUDA_STAGES = 3
+DECODE_FP8_CUDA_STAGES = 2
 # The CUDA fp8 kernel's grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False).
 DECODE_FP8_CUDA_HEADS_FIRST = True
 

@@ -58,6 +58,13 @@ class CacheManager:
         """Give each request pages for positions [align_ceil(cached_len), align_ceil(device_len)) and write their
         slots into its page-table row (the part before is cached or was allocated by an earlier step)."""
         ps = self.page_size
+        if ps == 1 and reqs and all(req.device_len - req.cached_len == 1 for req in reqs):
+            # a decode step with page_size 1, the common case: one slot per request at its new position
+            slots = self._allocate(len(reqs))
+            row_idx = torch.tensor([req.table_idx for req in reqs])
+            col_idx = torch.tensor([req.cached_len for req in reqs])
+            self.page_table[row_idx.to(self.device), col_idx.to(self.device)] = slots
+            return
         rows: List[int] = []
         firsts: List[int] = []
         counts: List[int] = []
@@ -70,11 +77,8 @@ class CacheManager:
         if not rows:
             return
         slots = self._page_to_token(self._allocate(sum(counts) // ps))
-        if all(c == 1 for c in counts):  # the decode step with page_size 1: one slot per request
-            row_idx, col_idx = torch.tensor(rows), torch.tensor(firsts)
-        else:
-            row_idx = torch.tensor(rows).repeat_interleave(torch.tensor(counts))
-            col_idx = torch.cat([torch.arange(f, f + c) for f, c in zip(firsts, counts)])
+        row_idx = torch.tensor(rows).repeat_interleave(torch.tensor(counts))
+        col_idx = torch.cat([torch.arange(f, f + c) for f, c in zip(firsts, counts)])
         self.page_table[row_idx.to(self.device), col_idx.to(self.device)] = slots
 
     def _allocate(self, needed_pages: int) -> torch.Tensor:
