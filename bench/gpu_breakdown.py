@@ -124,6 +124,7 @@ class Instrument:
         self.t_ref = time.perf_counter()  # host and device clocks meet here (the device is idle between runs)
         if self.cuda:
             torch.cuda.synchronize()
+            self.allocator_at_start = _allocator_counts()
             self.ref = torch.cuda.Event(enable_timing=True)
             self.ref.record()
 
@@ -172,6 +173,8 @@ class Instrument:
     def finish(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
+            end = _allocator_counts()
+            self.allocator = {k: end[k] - self.allocator_at_start.get(k, 0) for k in end}
         prev_end = None
         for rec in self.steps:
             events = rec.pop("_events", None)
@@ -180,6 +183,16 @@ class Instrument:
                 rec["gap_before_s"] = prev_end.elapsed_time(events[0]) / 1e3 if prev_end is not None else 0.0
                 rec["dev_start_s"] = self.ref.elapsed_time(events[0]) / 1e3
                 prev_end = events[1]
+
+
+ALLOCATOR_COUNTS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def _allocator_counts() -> dict:
+    """The CUDA caching allocator's counters: cudaMalloc / cudaFree calls and retries (a cudaFree, or a retry
+    after freeing cached blocks, waits for the whole device)."""
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
 
 
 def _self_device_us(evt) -> float:
@@ -261,6 +274,7 @@ def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
         if rows:
             res["decode_bands"][f"{lo}-{hi}"] = agg(rows)
     if cuda:
+        res["allocator"] = getattr(inst, "allocator", {})
         res["device_busy_s"] = sum(r["device_s"] for r in steps)
         res["device_idle_s"] = sum(r["gap_before_s"] for r in steps)
         big = sorted(range(len(steps)), key=lambda i: -steps[i]["gap_before_s"])[:8]
@@ -283,6 +297,7 @@ def report(name: str, s: dict) -> str:
         lines.append(f"   device busy {s['device_busy_s']:.2f} s (prefill {s['prefill'].get('device_total_s', 0):.2f}"
                      f" s, decode {s['decode'].get('device_total_s', 0):.2f} s), device idle between steps "
                      f"{s['device_idle_s']:.2f} s; host waited {s['host_wait_total_s']:.2f} s for tokens")
+        lines.append("   CUDA allocator: " + ", ".join(f"{k} {v}" for k, v in s.get("allocator", {}).items()))
     lines.append(f"   host per step (without waits): loop {s['host_loop_ms']:.2f} ms = prepare "
                  f"{s['host_prepare_ms']:.2f} + process {s['host_process_ms']:.2f} + forward call + rest")
     for label, a in [("prefill", s["prefill"]), ("decode", s["decode"])] + [
@@ -336,7 +351,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
-                    help="one more run with cProfile around N scheduler steps from --profile-step on")
+                    help="one more run with cProfile around N scheduler steps from --host-profile-step on")
+    ap.add_argument("--host-profile-step", type=int, default=None, help="default: --profile-step")
     ap.add_argument("--calls", type=int, default=1, help="timed generate calls on the same engine (2+: warm cache)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a module constant before the engine starts (e.g. "
@@ -395,11 +411,13 @@ def main(argv: list[str]) -> int:
               flush=True)
     if args.host_profile:
         inst.reset()
+        inst.profile_at = None  # no torch.profiler in this run
+        at = args.profile_step if args.host_profile_step is None else args.host_profile_step
         inst.host_profile = cProfile.Profile()
-        inst.host_profile_window = (args.profile_step, args.profile_step + args.host_profile)
+        inst.host_profile_window = (at, at + args.host_profile)
         llm.generate(w.prompts, params, use_tqdm=False)
         inst.finish()
-        window = inst.steps[args.profile_step : args.profile_step + args.host_profile]
+        window = inst.steps[at : at + args.host_profile]
         hp = summarize_host_profile(inst.host_profile, len(window))
         hp["mean_bs"] = sum(r["bs"] for r in window) / max(len(window), 1)
         out["host_profile"] = hp

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, List
 
 import torch
 
+from ..utils import int_tensor
 from ..utils.device import to_device
 
 if TYPE_CHECKING:
@@ -31,15 +32,15 @@ class SeqLens:
 
 
 def make_seq_lens(reqs: List[Req]) -> SeqLens:
-    seqlens_q = torch.tensor([r.extend_len for r in reqs], dtype=torch.int32)
-    seqlens_k = torch.tensor([r.device_len for r in reqs], dtype=torch.int32)
+    seqlens_q = int_tensor([r.extend_len for r in reqs])
+    seqlens_k = int_tensor([r.device_len for r in reqs])
     zero = torch.zeros(1, dtype=torch.int32)
     return SeqLens(
         seqlens_q=seqlens_q,
         seqlens_k=seqlens_k,
         cu_seqlens_q=torch.cat([zero, seqlens_q.cumsum(0, dtype=torch.int32)]),
         cu_seqlens_k=torch.cat([zero, seqlens_k.cumsum(0, dtype=torch.int32)]),
-        table_idx=torch.tensor([r.table_idx for r in reqs], dtype=torch.int32),
+        table_idx=int_tensor([r.table_idx for r in reqs]),
         max_seqlen_q=int(seqlens_q.max()) if len(reqs) else 0,
         max_seqlen_k=int(seqlens_k.max()) if len(reqs) else 0,
     )

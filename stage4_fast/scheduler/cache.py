@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterator, List
 import torch
 
 from ..kvcache import BaseCacheHandle, MatchResult, create_prefix_cache
-from ..utils import align_ceil
+from ..utils import align_ceil, int_tensor
 
 if TYPE_CHECKING:
     from ..core import Req
@@ -61,8 +61,8 @@ class CacheManager:
         if ps == 1 and reqs and all(req.device_len - req.cached_len == 1 for req in reqs):
             # a decode step with page_size 1, the common case: one slot per request at its new position
             slots = self._allocate(len(reqs))
-            row_idx = torch.tensor([req.table_idx for req in reqs])
-            col_idx = torch.tensor([req.cached_len for req in reqs])
+            row_idx = int_tensor([req.table_idx for req in reqs], torch.int64)
+            col_idx = int_tensor([req.cached_len for req in reqs], torch.int64)
             self.page_table[row_idx.to(self.device), col_idx.to(self.device)] = slots
             return
         rows: List[int] = []
@@ -77,7 +77,7 @@ class CacheManager:
         if not rows:
             return
         slots = self._page_to_token(self._allocate(sum(counts) // ps))
-        row_idx = torch.tensor(rows).repeat_interleave(torch.tensor(counts))
+        row_idx = int_tensor(rows, torch.int64).repeat_interleave(int_tensor(counts, torch.int64))
         col_idx = torch.cat([torch.arange(f, f + c) for f, c in zip(firsts, counts)])
         self.page_table[row_idx.to(self.device), col_idx.to(self.device)] = slots
 

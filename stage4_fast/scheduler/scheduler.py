@@ -45,6 +45,7 @@ from ..message import (
     UserMsg,
 )
 from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, GrammarError, LogprobArgs
+from ..utils import int_tensor
 from ..utils.device import create_stream, stream_context, synchronize, to_device
 from ..utils.hf import load_tokenizer, resolve_model_path
 from .cache import CacheManager
@@ -469,7 +470,7 @@ def _eos_token_id(tokenizer: PreTrainedTokenizerBase | None, hf_config: Pretrain
 def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
     reqs = batch.padded_reqs
     if all(r.extend_len == 1 for r in reqs):
-        positions = torch.tensor([r.cached_len for r in reqs], dtype=torch.int32)
+        positions = int_tensor([r.cached_len for r in reqs])
     else:
         positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
     return to_device(positions, device)
@@ -477,15 +478,15 @@ def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
 
 def _make_input_tuple(batch: Batch, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     reqs = batch.padded_reqs
-    rows = torch.tensor([r.table_idx for r in reqs], dtype=torch.int64)
+    rows = int_tensor([r.table_idx for r in reqs], torch.int64)
     if any(r.extend_len != 1 for r in reqs):
-        rows = rows.repeat_interleave(torch.tensor([r.extend_len for r in reqs]))
+        rows = rows.repeat_interleave(int_tensor([r.extend_len for r in reqs], torch.int64))
     return to_device(rows, device), batch.positions.to(torch.int64)
 
 
 def _make_write_tuple(batch: Batch, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     # The sampled token's position is device_len before the forward. A chunk's token is junk: it goes to the last
     # column of its own row, which is never read before the request overwrites it (as upstream).
-    rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
-    cols = torch.tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], dtype=torch.int64)
+    rows = int_tensor([r.table_idx for r in batch.reqs], torch.int64)
+    cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
     return to_device(rows, device), to_device(cols, device)

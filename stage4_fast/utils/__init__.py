@@ -1,6 +1,6 @@
 from .misc import UNSET, Unset, align_ceil, align_down, call_if_main, div_ceil, div_even
 from .registry import Registry
-from .torch_utils import torch_dtype
+from .torch_utils import int_tensor, torch_dtype
 
 __all__ = [
     "UNSET",
@@ -11,5 +11,6 @@ __all__ = [
     "call_if_main",
     "div_ceil",
     "div_even",
+    "int_tensor",
     "torch_dtype",
 ]

@@ -1,0 +1,60 @@
+"""A request's host-side token ids: appends store into a buffer with spare room, and input_ids is the view of its
+filled part, built when it is read (core.py, Req.append_host)."""
+
+from __future__ import annotations
+
+import torch
+
+from stage4_fast.core import Req, SamplingParams
+from stage4_fast.utils import int_tensor
+
+
+def _req(prompt: list[int], output_len: int) -> Req:
+    return Req(input_ids=torch.tensor(prompt, dtype=torch.int32), table_idx=0, cached_len=0, output_len=output_len,
+               uid=0, sampling_params=SamplingParams())
+
+
+def test_appended_tokens_read_back_and_earlier_views_keep_their_length() -> None:
+    req = _req([5, 6, 7], output_len=200)
+    views = []
+    for step in range(150):  # past the first buffer (2 x 3 or 3 + 64 ids): it grows and copies once
+        views.append(req.input_ids)
+        req.append_host(100 + step if step % 2 else torch.tensor(100 + step))
+    assert req.input_ids.tolist() == [5, 6, 7] + list(range(100, 250))
+    assert req.input_ids.dtype == torch.int32
+    for k, view in enumerate(views):  # a view taken earlier still shows the ids of that moment
+        assert view.tolist() == ([5, 6, 7] + list(range(100, 250)))[: 3 + k]
+
+
+def test_the_view_is_built_once_per_read_not_per_append() -> None:
+    req = _req([1, 2], output_len=10)
+    req.append_host(3)
+    req.append_host(4)
+    assert "input_ids" not in req.__dict__  # nothing read it since the last append
+    first = req.input_ids
+    assert req.input_ids is first and first.tolist() == [1, 2, 3, 4]
+
+
+def test_ids_assigned_from_outside_are_where_appends_continue() -> None:
+    req = _req([1, 2], output_len=10)
+    req.append_host(3)
+    req.input_ids = torch.tensor([9, 9, 9, 9], dtype=torch.int32)
+    req.append_host(5)
+    assert req.input_ids.tolist() == [9, 9, 9, 9, 5]
+
+
+def test_a_missing_attribute_is_still_an_attribute_error() -> None:
+    req = _req([1], output_len=2)
+    try:
+        req.not_an_attribute  # noqa: B018
+    except AttributeError as e:
+        assert "not_an_attribute" in str(e)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_int_tensor_matches_torch_tensor() -> None:
+    values = [0, 7, 2**31 - 1, -1]
+    for dtype in (torch.int32, torch.int64):
+        assert torch.equal(int_tensor(values, dtype), torch.tensor(values, dtype=dtype))
+    assert int_tensor([]).shape == (0,) and int_tensor([]).dtype == torch.int32
