@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .ref import is_fp8
+
 
 @triton.jit
 def _add_rmsnorm_kernel(X, R, W, Out, stride_x, stride_r, stride_o, N, eps,
@@ -61,10 +63,13 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 @triton.jit
 def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, OutLoc,
                          stride_t, stride_cs, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, stride_cache_t, eps,
+                         k_scale, v_scale,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                         BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr):
+                         BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
+                         FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr):
     """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
-    rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D)."""
+    rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool
+    (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales."""
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     offs = tl.arange(0, HALF)
@@ -105,24 +110,56 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
     if STORE_KV:  # this step's K/V into the pool here, instead of a store kernel of their own (one launch less)
         slot = tl.load(OutLoc + t).to(tl.int64)
         kc_dst = KCache + slot * stride_cache_t + (h[:, None] - HQ) * D + offs[None, :]
-        tl.store(kc_dst, o1, mask=k_mask)
-        tl.store(kc_dst + HALF, o2, mask=k_mask)
+        cache_dtype = KCache.dtype.element_ty
+        tl.store(kc_dst, _to_pool(o1, k_scale, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
+        tl.store(kc_dst + HALF, _to_pool(o2, k_scale, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
         hv = tl.arange(0, BLOCK_HKV)
         v_offs = hv[:, None] * D + tl.arange(0, D)[None, :]
         v_mask = (hv < HKV)[:, None]
         v = tl.load(QKV + t * stride_t + (HQ + HKV) * D + v_offs, mask=v_mask, other=0.0)
-        tl.store(VCache + slot * stride_cache_t + v_offs, v, mask=v_mask)
+        tl.store(VCache + slot * stride_cache_t + v_offs,
+                 _to_pool(v, v_scale, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=v_mask)
+
+
+@triton.jit
+def _to_pool(x, scale, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+             cache_dtype: tl.constexpr):
+    """A K or V tile as the pool stores it. An fp8 pool: x / scale (correctly rounded), saturated at the format's
+    largest value, rounded to nearest even — bit for bit what store_cache's fp8 kernel and kernel/ref.py's
+    quantize_kv store. A 16-bit pool of the activations' dtype: x as it is."""
+    if FP8_MAX > 0:
+        y = tl.math.div_rn(x.to(tl.float32), scale)
+        y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+        return _round_to_fp8_grid(y, FP8_MANT, FP8_MIN_EXP).to(cache_dtype)
+    return x
+
+
+@triton.jit
+def _round_to_fp8_grid(y, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
+    """fp32 values within an fp8 format's range, rounded to that format's grid (MANT mantissa bits, smallest normal
+    exponent MIN_EXP), to nearest even, as fp32: the cast to fp8 that follows is then exact. The GPU's cast would
+    round alike; Triton's interpreter rounds ties up and does not carry into the exponent (127 -> 64), so the
+    rounding is done here, the same on both: adding and subtracting 1.5 * 2^(23 + e) rounds |y| to a multiple of
+    2^e, the grid's step in y's binade."""
+    bits = y.to(tl.int32, bitcast=True)
+    magnitude = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    exp = tl.maximum(((bits >> 23) & 0xFF) - 127, MIN_EXP)  # the binade (subnormals share the smallest normal's)
+    magic = (((exp - MANT + 23 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    rounded = (magnitude + magic) - magic
+    return (rounded.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
 
 
 def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                  cos_sin_cache: torch.Tensor, positions: torch.Tensor,
                  kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 kv_scales: tuple[float, float] = (1.0, 1.0),
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """From the fused qkv projection [T, (Hq + 2 Hkv) * D]: q [T, Hq, D] and k [T, Hkv, D], each head
     RMS-normalised with its weight (when given) and rotated (neox halves) by the fp32 cos|sin table
     [max_pos, D] at `positions`. ``kv_store`` = (k_cache, v_cache, out_loc): the pool's slots [num_slots, Hkv, D]
-    in qkv's dtype and each token's slot [T]; the rotated k and the v rows are written there too."""
+    in qkv's dtype or an fp8 dtype, and each token's slot [T]; the rotated k and the v rows are written there too
+    (into an fp8 pool divided by ``kv_scales`` = (k_scale, v_scale) and quantized)."""
     assert qkv.dim() == 2 and qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert head_dim % 2 == 0 and (head_dim & (head_dim - 1)) == 0, "head_dim must be a power of two"
     T = qkv.shape[0]
@@ -136,17 +173,23 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
     block_h = triton.next_power_of_2(num_qo_heads + num_kv_heads)
     if kv_store is not None:
         k_cache, v_cache, out_loc = kv_store
-        assert k_cache.dtype == qkv.dtype and k_cache.shape[1:] == (num_kv_heads, head_dim)
+        assert k_cache.dtype == qkv.dtype or is_fp8(k_cache.dtype), k_cache.dtype
+        assert k_cache.shape[1:] == (num_kv_heads, head_dim)
         assert k_cache.stride() == v_cache.stride() and k_cache.stride()[1:] == (head_dim, 1)
         cache_stride = k_cache.stride(0)
+        fp8_max = torch.finfo(k_cache.dtype).max if is_fp8(k_cache.dtype) else 0.0
+        # mantissa bits and smallest normal exponent: e4m3 3 and -6, e5m2 2 and -14
+        fp8_mant, fp8_min_exp = (3, -6) if k_cache.dtype == torch.float8_e4m3fn else (2, -14)
     else:
         k_cache = v_cache = out_loc = q  # unused
-        cache_stride = 0
+        cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0
     _qk_norm_rope_kernel[(T,)](
         qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, qkv.stride(0),
         cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride, eps,
+        float(kv_scales[0]), float(kv_scales[1]),
         HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h,
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm, STORE_KV=kv_store is not None,
+        FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_MIN_EXP=fp8_min_exp,
         num_warps=4 if block_h * head_dim >= 2048 else 2,
     )
     return q, k

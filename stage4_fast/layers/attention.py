@@ -7,7 +7,7 @@ import torch
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..env import ENV
-from ..kernel import fused_kernels_for
+from ..kernel import fused_kernels_for, is_fp8
 from ..utils import div_even
 from .base import StateLessOP
 from .norm import RMSNorm
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 def fused_kv_store_applies(pool_dtype: torch.dtype, activation_dtype: torch.dtype) -> bool:
     """Whether the fused q/k norm + RoPE kernel also writes this step's K/V into the pool (one launch per layer less
-    than a store kernel of their own): where the pool stores the activations' dtype — an fp8 pool quantizes in its
-    store kernel — unless MINISGL_DISABLE_FUSED_KV_STORE is set (A/B runs)."""
-    return pool_dtype == activation_dtype and not ENV.DISABLE_FUSED_KV_STORE.value
+    than a store kernel of their own): where the pool stores the activations' dtype, or fp8 (quantized in the
+    kernel as the store kernel would) — unless MINISGL_DISABLE_FUSED_KV_STORE is set (A/B runs)."""
+    return (pool_dtype == activation_dtype or is_fp8(pool_dtype)) and not ENV.DISABLE_FUSED_KV_STORE.value
 
 
 class AttentionLayer(StateLessOP):
@@ -63,7 +63,7 @@ class AttentionLayer(StateLessOP):
         kv_stored = False
         if (fused := fused_kernels_for(qkv)) is not None and qkv.stride(-1) == 1:
             # 16-bit on a GPU: q/k norm and RoPE in one kernel that writes q and k contiguous, and this step's K/V
-            # into the pool when it stores the activations' dtype (an fp8 pool quantizes in its own store kernel)
+            # into the pool (quantized there for an fp8 pool)
             kv_stored = fused_kv_store_applies(ctx.kv_cache.dtype, qkv.dtype)
             q, k = self._fused_qk(fused, qkv, ctx.batch.positions, ctx.batch.out_loc if kv_stored else None)
         else:
@@ -78,14 +78,15 @@ class AttentionLayer(StateLessOP):
         has_norm = qn is not None and kn is not None
         eps = qn.eps if has_norm else 0.0
         assert not has_norm or kn.eps == eps
-        kv_store = None
-        if out_loc is not None:  # the pool's slots of this layer, [num_slots, Hkv, D]
+        kv_store, kv_scales = None, (1.0, 1.0)
+        if out_loc is not None:  # the pool's slots of this layer, [num_slots, Hkv, D], and an fp8 pool's scales
             pool = get_global_ctx().kv_cache
             shape = (-1, self.num_kv_heads, self.head_dim)
             kv_store = (pool.k_cache(self.layer_id).view(shape), pool.v_cache(self.layer_id).view(shape), out_loc)
+            kv_scales = (pool.k_scales[self.layer_id], pool.v_scales[self.layer_id])
         return fused.qk_norm_rope(qkv, self.num_qo_heads, self.num_kv_heads, self.head_dim,
                                   qn.weight if has_norm else None, kn.weight if has_norm else None, eps,
-                                  self.rotary.cos_sin_cache, positions, kv_store)
+                                  self.rotary.cos_sin_cache, positions, kv_store, kv_scales)
 
     def _qk(self, qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, Hq, Hkv, D = qkv.shape[0], self.num_qo_heads, self.num_kv_heads, self.head_dim

@@ -113,13 +113,51 @@ def test_qk_norm_rope_stores_this_steps_kv_in_the_pool(dtype, device):
     assert (k_cache[untouched.to(device)] == 7).all() and (v_cache[untouched.to(device)] == 7).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.37, 3.0)])
+def test_qk_norm_rope_stores_this_steps_kv_into_an_fp8_pool(dtype, device, cache_dtype, scales):
+    """Into an fp8 pool the kernel writes what the quantizing store kernel writes, bit for bit: the rotated k and
+    the v rows divided by the layer's scales, saturated and rounded to nearest even (kernel/ref.py quantize_kv).
+    Inputs span subnormals to saturation."""
+    from stage4_fast.kernel.ref import quantize_kv
+
+    gen = torch.Generator().manual_seed(3)
+    T, Hq, Hkv, D, slots = 4, 4, 2, 32, 16
+    # magnitudes from ~5e-5 (e4m3's subnormals, and zeros) to ~400 (past e4m3's 448 after the 0.37 scale); no q/k
+    # norm, so k keeps them; negative zeros must stay negative
+    size = (T, (Hq + 2 * Hkv) * D)
+    qkv = torch.randn(size, generator=gen) * torch.exp(torch.rand(size, generator=gen) * 16 - 10)
+    qkv[:, -8:] = -0.0
+    qkv = qkv.to(device, dtype)
+    rope = RotaryEmbedding(D, D, 4096, 1e6, device=device)
+    positions = torch.tensor([5, 6, 7, 8], dtype=torch.int32, device=device)
+    out_loc = torch.tensor([9, 2, 14, 0], dtype=torch.int32, device=device)
+    k_cache = torch.zeros(slots, Hkv, D, dtype=torch.uint8, device=device).view(cache_dtype)
+    v_cache = torch.zeros(slots, Hkv, D, dtype=torch.uint8, device=device).view(cache_dtype)
+    q, k = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, None, None, 0.0, rope.cos_sin_cache, positions,
+                                     (k_cache, v_cache, out_loc), scales)
+    v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
+    rows = out_loc.long()
+    k_ref, v_ref = quantize_kv(k, scales[0], cache_dtype), quantize_kv(v, scales[1], cache_dtype)
+    assert torch.equal(k_cache[rows].view(torch.uint8), k_ref.view(torch.uint8))
+    assert torch.equal(v_cache[rows].view(torch.uint8), v_ref.view(torch.uint8))
+    assert (v_ref.float().abs() == torch.finfo(cache_dtype).max).any() or cache_dtype == torch.float8_e5m2 \
+        or scales[1] > 1
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[rows.cpu()] = False
+    assert (k_cache.view(torch.uint8)[untouched.to(device)] == 0).all()
+
+
 @pytest.mark.skipif("cpu" not in DEVICES, reason="runs the engine on the CPU under Triton's interpreter")
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_engine_with_the_kv_stored_by_the_rope_kernel_equals_the_store_kernels(tiny_model, monkeypatch, page_size):
+@pytest.mark.parametrize("page_size,kv_cache_dtype", [(1, "auto"), (4, "auto"), (1, "fp8_e4m3")])
+def test_engine_with_the_kv_stored_by_the_rope_kernel_equals_the_store_kernels(tiny_model, monkeypatch, page_size,
+                                                                                kv_cache_dtype):
     """A bf16 engine whose attention layers take the fused q/k norm + RoPE kernel (the GPU path, here under the
     interpreter): with the kernel writing this step's K/V into the pool, the tokens generated and every slot of the
-    pool are bit for bit what the pool's own store gives — the layer's views of the pool, its slots and the
-    backends' skipping of their store agree, at page size 1 and 4."""
+    pool are bit for bit what the pool's own store gives — the layer's views of the pool, its slots, an fp8 pool's
+    scales and the backends' skipping of their store agree, at page size 1 and 4 and into an fp8 pool."""
     from stage4_fast.core import SamplingParams
     from stage4_fast.engine import ManualBatcher
     from stage4_fast.layers import attention as attention_layer
@@ -130,14 +168,17 @@ def test_engine_with_the_kv_stored_by_the_rope_kernel_equals_the_store_kernels(t
     prompts = [[11, 22, 33, 44, 55, 66, 77], [5, 6, 7], [100, 200, 300, 400, 500, 1, 2, 3, 4, 5, 6]]
     runs = {}
     for fused_store in (True, False):
-        monkeypatch.setattr(attention_layer, "fused_kv_store_applies",
-                            lambda pool, act, on=fused_store: on and pool == act)
-        engine = make_engine(tiny_model("qwen3"), dtype=torch.bfloat16, page_size=page_size)
+        monkeypatch.setattr(attention_layer, "fused_kv_store_applies", lambda pool, act, on=fused_store: on)
+        engine = make_engine(tiny_model("qwen3"), dtype=torch.bfloat16, page_size=page_size,
+                             kv_cache_dtype=kv_cache_dtype)
         pool = engine.kv_cache
+        if kv_cache_dtype != "auto":  # scales other than 1.0, as a checkpoint may carry
+            pool.set_scales([0.5 + i for i in range(pool.num_layers)], [2.0 - 0.5 * i for i in range(pool.num_layers)])
         for i in range(pool.num_layers):  # the pool starts uninitialised; slots never written must compare too
-            pool.k_cache(i).zero_(), pool.v_cache(i).zero_()
+            pool.k_cache(i).view(torch.uint8).zero_(), pool.v_cache(i).view(torch.uint8).zero_()
         tokens = ManualBatcher(engine).generate(prompts, SamplingParams(max_tokens=5))
-        slots = torch.stack([torch.stack([pool.k_cache(i), pool.v_cache(i)]) for i in range(pool.num_layers)])
+        slots = torch.stack([torch.stack([pool.k_cache(i).view(torch.uint8), pool.v_cache(i).view(torch.uint8)])
+                             for i in range(pool.num_layers)])
         runs[fused_store] = tokens, slots
     (fused_tokens, fused_slots), (tokens, slots) = runs[True], runs[False]
     assert fused_tokens == tokens
