@@ -74,15 +74,22 @@ class Instrument:
         self._prof = None
         self.host_profile: cProfile.Profile | None = None  # cProfile around loop iterations [at, at + n)
         self.host_profile_window = (0, 0)
+        # host time of each scheduler loop by part (receive, admission, prepare, forward, process, cache_req, wait),
+        # with the phases of the batch it launched and the batch it processed
+        self.loop_parts: list[dict] = []
+        self._parts: dict = defaultdict(float)
         engine = llm.engine
         self._forward, self._prepare = engine.forward_batch, llm._prepare_batch
         self._process, self._loop = llm._process_last_data, llm.overlap_loop
         self._normal_loop, self._can_graph = llm.normal_loop, engine.graph_runner.can_use_cuda_graph
         engine.forward_batch = self.forward_batch
-        llm._prepare_batch = self.timed(self._prepare, self.prepare_s)
-        llm._process_last_data = self.timed(self._process, self.process_s)
-        llm.overlap_loop = self.timed(self.host_profiled(self._loop), self.loop_s)
-        llm.normal_loop = self.timed(self.host_profiled(self._normal_loop), self.loop_s)
+        llm._prepare_batch = self.part("prepare", self.timed(self._prepare, self.prepare_s))
+        llm._process_last_data = self.part("process", self.timed(self.processed(self._process), self.process_s))
+        llm.receive_msg = self.part("receive", llm.receive_msg)
+        llm.prefill_manager.schedule_next_batch = self.part("admission", llm.prefill_manager.schedule_next_batch)
+        llm.cache_manager.cache_req = self.part("cache_req", llm.cache_manager.cache_req)
+        llm.overlap_loop = self.loop(self.timed(self.host_profiled(self._loop), self.loop_s))
+        llm.normal_loop = self.loop(self.timed(self.host_profiled(self._normal_loop), self.loop_s))
         self.eager = False
         engine.graph_runner.can_use_cuda_graph = self.can_use_cuda_graph
 
@@ -93,6 +100,43 @@ class Instrument:
             return False
         padded = getattr(batch, "padded_reqs", None)  # not set yet while pad_batch asks
         return padded is None or len(padded) in self.llm.engine.graph_runner.graph_map
+
+    def part(self, name: str, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._parts[name] += time.perf_counter() - t0
+
+        return wrapper
+
+    def processed(self, fn):
+        def wrapper(last_data, *args, **kwargs):
+            if last_data is not None:
+                self._parts["processed_phase"] = last_data.fwd_input.batch.phase
+            return fn(last_data, *args, **kwargs)
+
+        return wrapper
+
+    def loop(self, fn):
+        def wrapper(*args, **kwargs):
+            self._parts = defaultdict(float)
+            n_steps, n_waits = len(self.steps), len(self.waits)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts = self._parts
+                parts["loop"] = time.perf_counter() - t0
+                parts["wait"] = sum(self.waits[n_waits:])
+                if len(self.steps) > n_steps:
+                    parts["forward"] = self.steps[-1]["host_forward_s"]
+                    parts["launched_phase"] = self.steps[-1]["phase"]
+                    parts["launched_bs"] = self.steps[-1]["bs"]
+                self.loop_parts.append(dict(parts))
+
+        return wrapper
 
     def host_profiled(self, fn):
         def wrapper(*args, **kwargs):
@@ -119,7 +163,7 @@ class Instrument:
         return wrapper
 
     def reset(self) -> None:
-        for sink in (self.steps, self.waits, self.prepare_s, self.process_s, self.loop_s):
+        for sink in (self.steps, self.waits, self.prepare_s, self.process_s, self.loop_s, self.loop_parts):
             sink.clear()
         self.t_ref = time.perf_counter()  # host and device clocks meet here (the device is idle between runs)
         if self.cuda:
@@ -244,6 +288,22 @@ def summarize_host_profile(prof: cProfile.Profile, steps: int, top: int = 30) ->
     return {"steps": steps, "own_us_per_step_total": total, "top_own": by_own, "top_cumulative": by_cum}
 
 
+HOST_PARTS = ("loop", "receive", "admission", "prepare", "forward", "process", "cache_req", "wait")
+
+
+def host_parts(loops: list[dict]) -> dict:
+    """Mean host ms per loop by part, for the loops that launched a prefill, that processed one, and that launched
+    a decode batch of 129+ requests (process includes its wait and cache_req; prepare is inside admission's
+    caller, not inside admission)."""
+    groups = {"launched prefill": [p for p in loops if p.get("launched_phase") == "prefill"],
+              "processed prefill": [p for p in loops if p.get("processed_phase") == "prefill"],
+              "decode bs 129+": [p for p in loops if p.get("launched_phase") == "decode"
+                                 and p.get("processed_phase") == "decode" and p.get("launched_bs", 0) >= 129]}
+    return {name: {"loops": len(rows), **{k: 1e3 * sum(r.get(k, 0.0) for r in rows) / max(len(rows), 1)
+                                          for k in HOST_PARTS}}
+            for name, rows in groups.items()}
+
+
 def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
     steps = inst.steps
     cuda = inst.cuda
@@ -263,6 +323,7 @@ def summarize(inst: Instrument, wall: float, output_tokens: int) -> dict:
     for i, r in enumerate(steps):  # host time from this launch to the next (what the host spent per step)
         r["host_interval_s"] = steps[i + 1]["t_launch_s"] - r["t_launch_s"] if i + 1 < len(steps) else 0.0
     res = {"wall_s": wall, "output_tokens": output_tokens, "tok_s": output_tokens / wall, "steps": len(steps),
+           "host_parts": host_parts(inst.loop_parts),
            "host_loop_total_s": sum(inst.loop_s), "host_wait_total_s": sum(inst.waits),
            "host_prepare_ms": 1e3 * sum(inst.prepare_s) / max(len(inst.prepare_s), 1),
            "host_process_ms": 1e3 * (sum(inst.process_s) - sum(inst.waits)) / max(len(inst.process_s), 1),
@@ -300,6 +361,9 @@ def report(name: str, s: dict) -> str:
         lines.append("   CUDA allocator: " + ", ".join(f"{k} {v}" for k, v in s.get("allocator", {}).items()))
     lines.append(f"   host per step (without waits): loop {s['host_loop_ms']:.2f} ms = prepare "
                  f"{s['host_prepare_ms']:.2f} + process {s['host_process_ms']:.2f} + forward call + rest")
+    for name, g in s.get("host_parts", {}).items():
+        lines.append(f"   host ms per loop that {name} ({g['loops']} loops): "
+                     + ", ".join(f"{k} {g[k]:.2f}" for k in HOST_PARTS))
     for label, a in [("prefill", s["prefill"]), ("decode", s["decode"])] + [
             (f"decode bs {k}", v) for k, v in s["decode_bands"].items()]:
         dev = f", device {a['device_ms']:.2f} ms/step, gap {a['gap_ms']:.2f} ms" if "device_ms" in a else ""

