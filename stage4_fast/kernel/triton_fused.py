@@ -127,11 +127,12 @@ def _to_pool(x, scale, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EX
     """A K or V tile as the pool stores it. An fp8 pool: x / scale (correctly rounded), saturated at the format's
     largest value, rounded to nearest even — bit for bit what store_cache's fp8 kernel and kernel/ref.py's
     quantize_kv store. A 16-bit pool of the activations' dtype: x as it is."""
-    if FP8_MAX > 0:
+    out = x
+    if FP8_MAX > 0:  # (one return: the compiler wants one return type, and a constexpr branch keeps the other)
         y = tl.math.div_rn(x.to(tl.float32), scale)
         y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
-        return _round_to_fp8_grid(y, FP8_MANT, FP8_MIN_EXP).to(cache_dtype)
-    return x
+        out = _round_to_fp8_grid(y, FP8_MANT, FP8_MIN_EXP).to(cache_dtype)
+    return out
 
 
 @triton.jit

@@ -202,3 +202,41 @@ def test_fused_path_only_for_16_bit_cuda(monkeypatch):
         assert fused_kernels_for(torch.zeros(2, 2, device="cuda")) is None  # fp32 keeps HF's exact path
         monkeypatch.setenv("MINISGL_DISABLE_FUSED_KERNELS", "1")
         assert fused_kernels_for(torch.zeros(2, 2, dtype=torch.bfloat16, device="cuda")) is None
+
+
+def compile_qk_norm_rope_for_hopper(cache: str) -> str:
+    """PTX of the q/k norm + RoPE kernel storing into a pool of Triton type ``cache``, compiled for sm_90 on this
+    machine (no GPU needed). Needs the compiled kernel, so not under TRITON_INTERPRET."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = triton_fused._qk_norm_rope_kernel
+    names = list(inspect.signature(kernel.fn).parameters)
+    fp8 = cache != "bf16"
+    consts = {"HQ": 16, "HKV": 8, "D": 128, "BLOCK_H": 32, "BLOCK_HKV": 8, "HAS_NORM": True, "STORE_KV": True,
+              "FP8_MAX": 448.0 if fp8 else 0.0, "FP8_MANT": 3 if fp8 else 0, "FP8_MIN_EXP": -6 if fp8 else 0}
+    pointers = {"CosSin": "*fp32", "Pos": "*i32", "OutLoc": "*i32", "KCache": f"*{cache}", "VCache": f"*{cache}"}
+    signature = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n[0].isupper()
+                 else "fp32" if n in ("eps", "k_scale", "v_scale") else "i32" for n in names}
+    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in consts.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp8e4nv", "fp8e5"])
+def test_qk_norm_rope_compiles_for_a_hopper_gpu(cache):
+    """Triton's interpreter runs what its compiler refuses (two returns of different types under a constexpr
+    branch): the q/k norm + RoPE kernel, storing into a bf16 or an fp8 pool, is compiled for sm_90 — on the CPU,
+    in a process without the interpreter."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from stage4_fast.tests.test_fused_kernels import compile_qk_norm_rope_for_hopper as c; "
+            f"ptx = c({cache!r}); print('satfinite' if 'cvt.rn.satfinite' in ptx else 'plain')")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # the fp8 store converts with the hardware's saturating cvt
+    assert run.stdout.split()[-1] == ("plain" if cache == "bf16" else "satfinite")
