@@ -66,7 +66,8 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
                          k_scale, v_scale,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
-                         FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr):
+                         SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
+                         FP8_MIN_EXP: tl.constexpr):
     """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
     rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool
     (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales."""
@@ -111,25 +112,28 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
         slot = tl.load(OutLoc + t).to(tl.int64)
         kc_dst = KCache + slot * stride_cache_t + (h[:, None] - HQ) * D + offs[None, :]
         cache_dtype = KCache.dtype.element_ty
-        tl.store(kc_dst, _to_pool(o1, k_scale, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
-        tl.store(kc_dst + HALF, _to_pool(o2, k_scale, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
+        tl.store(kc_dst, _to_pool(o1, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
+        tl.store(kc_dst + HALF, _to_pool(o2, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype),
+                 mask=k_mask)
         hv = tl.arange(0, BLOCK_HKV)
         v_offs = hv[:, None] * D + tl.arange(0, D)[None, :]
         v_mask = (hv < HKV)[:, None]
         v = tl.load(QKV + t * stride_t + (HQ + HKV) * D + v_offs, mask=v_mask, other=0.0)
         tl.store(VCache + slot * stride_cache_t + v_offs,
-                 _to_pool(v, v_scale, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=v_mask)
+                 _to_pool(v, v_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=v_mask)
 
 
 @triton.jit
-def _to_pool(x, scale, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
-             cache_dtype: tl.constexpr):
+def _to_pool(x, scale, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
+             FP8_MIN_EXP: tl.constexpr, cache_dtype: tl.constexpr):
     """A K or V tile as the pool stores it. An fp8 pool: x / scale (correctly rounded), saturated at the format's
     largest value, rounded to nearest even — bit for bit what store_cache's fp8 kernel and kernel/ref.py's
     quantize_kv store. A 16-bit pool of the activations' dtype: x as it is."""
     out = x
     if FP8_MAX > 0:  # (one return: the compiler wants one return type, and a constexpr branch keeps the other)
-        y = tl.math.div_rn(x.to(tl.float32), scale)
+        y = x.to(tl.float32)
+        if SCALED:  # a correctly rounded division is a few dozen instructions: only where a scale is not 1
+            y = tl.math.div_rn(y, scale)
         y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
         out = _round_to_fp8_grid(y, FP8_MANT, FP8_MIN_EXP).to(cache_dtype)
     return out
@@ -190,7 +194,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
         float(kv_scales[0]), float(kv_scales[1]),
         HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h,
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm, STORE_KV=kv_store is not None,
-        FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_MIN_EXP=fp8_min_exp,
+        SCALED=tuple(kv_scales) != (1.0, 1.0), FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_MIN_EXP=fp8_min_exp,
         num_warps=4 if block_h * head_dim >= 2048 else 2,
     )
     return q, k
