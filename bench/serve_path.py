@@ -38,7 +38,7 @@ def _run_stub_scheduler(config, ack_queue, parent_pid: int, stage: str, step_s: 
     import torch
 
     launch = importlib.import_module(f"{stage}.server.launch")
-    launch._worker_setup(parent_pid, True)
+    launch._worker_setup(parent_pid, config.effective_log_level, f"scheduler_{config.tp_info.rank}")
     scheduler_mod = importlib.import_module(f"{stage}.scheduler")
     engine_mod = importlib.import_module(f"{stage}.engine.engine")
     record_event = importlib.import_module(f"{stage}.utils.device").record_event
@@ -62,7 +62,8 @@ def _run_stub_scheduler(config, ack_queue, parent_pid: int, stage: str, step_s: 
 
         scheduler.engine.forward_batch = forward_batch
         try:
-            ack_queue.put({"name": "scheduler", **scheduler.backend_info()})
+            # as the stage's own scheduler entry acknowledges (stage4 also names the rank)
+            ack_queue.put({"name": "scheduler", "rank": config.tp_info.rank, **scheduler.backend_info()})
             scheduler.run_forever()
         except (KeyboardInterrupt, SystemExit):
             pass
@@ -119,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
 
     port = 20000 + os.getpid() % 20000
     cmd = [sys.executable, "-m", "bench.serve_path", "--serve", "--stage", args.stage, "--step-ms", str(args.step_ms),
-           "--model", args.model, "--port", str(port), "--attention-backend", "triton",
-           *args.server_args.split()]
+           "--model", args.model, "--port", str(port), *args.server_args.split()]
+    if args.stage == "stage4_fast":  # the GPU's backend, for its metadata work (stage3 has the torch backend only)
+        cmd += ["--attention-backend", "triton"]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_path-{port}.log", "wb")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         r = _run_burst(url, w, args.client_procs)
         after = _cpu_seconds(list(names))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
     tokens = r["output_tokens"]
     res = {"requests": args.requests, "output_len": args.output_len, "step_ms": args.step_ms,

@@ -87,3 +87,24 @@ def test_a_burst_spread_over_client_processes_sends_every_request_once(monkeypat
     r = worker._run_burst("http://fake", w, 3)
     assert r["client_processes"] == 3 and r["requests"] == 7 and r["wrong_lengths"] == 0
     assert r["output_tokens"] == sum(w.output_lens) and len(r["ttft_s"]) == 7
+
+
+@pytest.mark.parametrize("stage", ["stage3_served", "stage4_fast"])
+def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, tmp_path):
+    """`python -m bench serve-path` starts the stage's server with its scheduler entry replaced by a stub: the stub
+    must keep to the launcher's start-up protocol (worker setup, the scheduler's acknowledgement), which the stage's
+    own entry defines, so a change there shows here and not on the next measurement."""
+    import json
+    import subprocess
+
+    models = REPO / "models"
+    if not (models / "tiny-qwen3" / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "models", "make", "tiny-qwen3"], cwd=REPO, check=True)
+    out = tmp_path / "serve_path.json"
+    run = subprocess.run([sys.executable, "-m", "bench", "serve-path", "--stage", stage, "--requests", "4",
+                          "--output-len", "6", "--prompt-len", "8", "16", "--json", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["output_tokens"] == 24 and res["wrong_lengths"] == 0
+    assert set(res["cpu_us_per_token"]) == {"clients (httpx)", "api server", "scheduler", "detokenizer"}
