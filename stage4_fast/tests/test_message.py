@@ -98,6 +98,20 @@ def test_a_batch_of_one_kind_travels_as_columns(msg, base):
     wire = msg.encoder()["data"]
     assert wire["__type__"] == "__columns__" and len(next(iter(wire["fields"].values()))) == len(msg.data)
     assert _same(msg, _wire(msg, base))
+    # the receiver walks only the columns the sender encoded (nested messages, tensors): plain ones stay as they came
+    plain = [name for name, values in wire["fields"].items() if all(isinstance(v, (int, str, type(None)))
+                                                                      for v in values)]
+    assert set(wire["encoded"]).isdisjoint(plain)
+
+
+def test_columns_in_another_field_order_still_decode():
+    """Rows are built positionally when the columns come in the class's field order (the sender's); any other order
+    is decoded by name."""
+    wire = BatchFrontendMsg([UserReply(1, "a", False), UserReply(2, "b", True, "stop")]).encoder()
+    wire["data"]["fields"] = dict(reversed(list(wire["data"]["fields"].items())))
+    got = BaseFrontendMsg.decoder(wire).data
+    assert [(r.uid, r.incremental_output, r.finished, r.finish_reason) for r in got] == [(1, "a", False, ""),
+                                                                                         (2, "b", True, "stop")]
 
 
 # stage 4: the production API's fields and logprobs
