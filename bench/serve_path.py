@@ -32,47 +32,35 @@ ROOT = Path(__file__).resolve().parents[1]
 # ---- server side (runs in the spawned scheduler process) -------------------------------------------------------------
 
 def _run_stub_scheduler(config, ack_queue, parent_pid: int, stage: str, step_s: float) -> None:
-    """The stage's scheduler process entry, with the engine's forward replaced by an instant token source."""
+    """The stage's own scheduler process entry (its worker setup, start-up acknowledgement and shutdown), with the
+    engine's forward replaced by an instant token source."""
     import importlib
 
     import torch
 
-    launch = importlib.import_module(f"{stage}.server.launch")
-    launch._worker_setup(parent_pid, config.effective_log_level, f"scheduler_{config.tp_info.rank}")
-    scheduler_mod = importlib.import_module(f"{stage}.scheduler")
+    launch = importlib.import_module(f"{stage}.server.launch")  # fresh in this spawned process: the real entry
     engine_mod = importlib.import_module(f"{stage}.engine.engine")
     record_event = importlib.import_module(f"{stage}.utils.device").record_event
 
-    with torch.inference_mode():
-        scheduler = scheduler_mod.Scheduler(config)
-        vocab = scheduler.engine.config.model_config.vocab_size
+    def forward_batch(engine, batch, args, before_sampling=None):
+        if step_s:
+            time.sleep(step_s)
+        for req in batch.reqs:
+            req.complete_one()
+        if before_sampling is not None:  # stage4: the scheduler's bookkeeping of a launched batch
+            before_sampling()
+        vocab = engine.config.model_config.vocab_size
+        tokens = [100 + (req.uid * 7919 + req.device_len * 104729) % (vocab - 200) for req in batch.reqs]
+        t = torch.tensor(tokens, dtype=torch.int32)
+        return engine_mod.ForwardOutput(t, t, record_event(engine.device))
 
-        def forward_batch(batch, args, before_sampling=None):
-            if step_s:
-                time.sleep(step_s)
-            tokens = []
-            for req in batch.reqs:
-                req.complete_one()
-            if before_sampling is not None:  # stage4: the scheduler's bookkeeping of a launched batch
-                before_sampling()
-            for req in batch.reqs:
-                tokens.append(100 + (req.uid * 7919 + req.device_len * 104729) % (vocab - 200))
-            t = torch.tensor(tokens, dtype=torch.int32)
-            return engine_mod.ForwardOutput(t, t, record_event(scheduler.device))
-
-        scheduler.engine.forward_batch = forward_batch
-        try:
-            # as the stage's own scheduler entry acknowledges (stage4 also names the rank)
-            ack_queue.put({"name": "scheduler", "rank": config.tp_info.rank, **scheduler.backend_info()})
-            scheduler.run_forever()
-        except (KeyboardInterrupt, SystemExit):
-            pass
-        finally:
-            scheduler.shutdown()
+    engine_mod.Engine.forward_batch = forward_batch
+    launch._run_scheduler(config, ack_queue, parent_pid)
 
 
 def serve(stage: str, argv: list[str], step_s: float) -> None:
-    """`python -m <stage>` with the stub scheduler: the launcher looks its scheduler entry up at start time."""
+    """`python -m <stage>` with the stub scheduler: the launcher looks its scheduler entry up at start time (the
+    scheduler process is spawned, so there the stage's entry is the real one again)."""
     import functools
     import importlib
 
