@@ -15,9 +15,13 @@ Runs the offline workload of `python -m bench` (GPU: upstream's 256 requests) th
 2. profiled: the same run with torch.profiler around a few decode steps at step `--profile-step` (replayed CUDA
    graphs) and the same number of steps run eagerly (graphs switched off for them): kernel time per step by kind
    (GEMM, attention, everything else) and the top kernels.
-3. `--host-profile N`: one more run with Python's cProfile around N scheduler steps from `--profile-step` on: the
-   functions that take the host's time per step (the profiler slows Python down, so read the ranking and the
-   shares, not the absolute figures).
+3. `--host-profile N`: one more run with Python's cProfile around N scheduler loops from `--host-profile-step`
+   (default: `--profile-step`) on: the functions that take the host's time per loop (the profiler slows Python
+   down, so read the ranking and the shares, not the absolute figures).
+
+Every timed run also splits the host's time per scheduler loop by part (receive, admission, prepare, forward call,
+process, the prefix cache's inserts, the wait for tokens) for the loops that launch or process a prefill and for
+decode loops at batch 129+ (`host_parts`).
 
 The engine is imported as `stage4_fast` from the path (set PYTHONPATH to compare another copy). On CPU (no --gpu)
 it runs the CPU workload and skips the device timers and the profile: a smoke test of the instrumentation.
@@ -74,6 +78,7 @@ class Instrument:
         self._prof = None
         self.host_profile: cProfile.Profile | None = None  # cProfile around loop iterations [at, at + n)
         self.host_profile_window = (0, 0)
+        self.host_profiled_loops = 0
         # host time of each scheduler loop by part (receive, admission, prepare, forward, process, cache_req, wait),
         # with the phases of the batch it launched and the batch it processed
         self.loop_parts: list[dict] = []
@@ -143,6 +148,7 @@ class Instrument:
             lo, hi = self.host_profile_window
             if self.host_profile is None or not lo <= len(self.loop_s) < hi:
                 return fn(*args, **kwargs)
+            self.host_profiled_loops += 1
             self.host_profile.enable()
             try:
                 return fn(*args, **kwargs)
@@ -274,18 +280,18 @@ def summarize_profile(prof, steps: int, wall: float) -> dict:
             "kernels_per_step": sum(k["calls_per_step"] for k in kernels)}
 
 
-def summarize_host_profile(prof: cProfile.Profile, steps: int, top: int = 30) -> dict:
-    """cProfile's functions by their own time per step (and with what they call), the largest first."""
+def summarize_host_profile(prof: cProfile.Profile, loops: int, top: int = 30) -> dict:
+    """cProfile's functions by their own time per scheduler loop (and with what they call), the largest first."""
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
     rows = []
     for (file, line, name), (_, calls, own, cum, _) in stats.items():
         where = name if file == "~" else f"{Path(file).name}:{line} {name}"
-        rows.append({"function": where, "calls_per_step": calls / steps, "own_us_per_step": 1e6 * own / steps,
-                     "cum_us_per_step": 1e6 * cum / steps})
-    total = sum(r["own_us_per_step"] for r in rows)
-    by_own = sorted(rows, key=lambda r: -r["own_us_per_step"])[:top]
-    by_cum = sorted(rows, key=lambda r: -r["cum_us_per_step"])[:top]
-    return {"steps": steps, "own_us_per_step_total": total, "top_own": by_own, "top_cumulative": by_cum}
+        rows.append({"function": where, "calls_per_loop": calls / loops, "own_us_per_loop": 1e6 * own / loops,
+                     "cum_us_per_loop": 1e6 * cum / loops})
+    total = sum(r["own_us_per_loop"] for r in rows)
+    by_own = sorted(rows, key=lambda r: -r["own_us_per_loop"])[:top]
+    by_cum = sorted(rows, key=lambda r: -r["cum_us_per_loop"])[:top]
+    return {"loops": loops, "own_us_per_loop_total": total, "top_own": by_own, "top_cumulative": by_cum}
 
 
 HOST_PARTS = ("loop", "receive", "admission", "prepare", "forward", "process", "cache_req", "wait")
@@ -392,13 +398,13 @@ def report(name: str, s: dict) -> str:
 
 
 def report_host_profile(name: str, hp: dict) -> str:
-    lines = [f"== {name}: cProfile over {hp['steps']} steps at mean bs {hp['mean_bs']:.0f}: "
-             f"{hp['own_us_per_step_total'] / 1e3:.2f} ms of Python per step (profiler on)",
+    lines = [f"== {name}: cProfile over {hp['loops']} scheduler loops at mean bs {hp['mean_bs']:.0f}: "
+             f"{hp['own_us_per_loop_total'] / 1e3:.2f} ms of Python per loop (profiler on)",
              "   own time:"]
-    lines += [f"      {r['own_us_per_step']:8.1f} us/step {r['calls_per_step']:7.1f}x  {r['function'][:100]}"
+    lines += [f"      {r['own_us_per_loop']:8.1f} us/loop {r['calls_per_loop']:7.1f}x  {r['function'][:100]}"
               for r in hp["top_own"][:20]]
     lines.append("   with callees:")
-    lines += [f"      {r['cum_us_per_step']:8.1f} us/step {r['calls_per_step']:7.1f}x  {r['function'][:100]}"
+    lines += [f"      {r['cum_us_per_loop']:8.1f} us/loop {r['calls_per_loop']:7.1f}x  {r['function'][:100]}"
               for r in hp["top_cumulative"][:20]]
     return "\n".join(lines)
 
@@ -477,12 +483,12 @@ def main(argv: list[str]) -> int:
         inst.reset()
         inst.profile_at = None  # no torch.profiler in this run
         at = args.profile_step if args.host_profile_step is None else args.host_profile_step
-        inst.host_profile = cProfile.Profile()
+        inst.host_profile, inst.host_profiled_loops = cProfile.Profile(), 0
         inst.host_profile_window = (at, at + args.host_profile)
         llm.generate(w.prompts, params, use_tqdm=False)
         inst.finish()
         window = inst.steps[at : at + args.host_profile]
-        hp = summarize_host_profile(inst.host_profile, len(window))
+        hp = summarize_host_profile(inst.host_profile, max(inst.host_profiled_loops, 1))
         hp["mean_bs"] = sum(r["bs"] for r in window) / max(len(window), 1)
         out["host_profile"] = hp
         inst.host_profile = None

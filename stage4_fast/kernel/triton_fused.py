@@ -19,6 +19,8 @@ tests run them under Triton's interpreter on CPU against the PyTorch path.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -182,9 +184,10 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
         assert k_cache.shape[1:] == (num_kv_heads, head_dim)
         assert k_cache.stride() == v_cache.stride() and k_cache.stride()[1:] == (head_dim, 1)
         cache_stride = k_cache.stride(0)
-        fp8_max = torch.finfo(k_cache.dtype).max if is_fp8(k_cache.dtype) else 0.0
-        # mantissa bits and smallest normal exponent: e4m3 3 and -6, e5m2 2 and -14
-        fp8_mant, fp8_min_exp = (3, -6) if k_cache.dtype == torch.float8_e4m3fn else (2, -14)
+        fp8_max = fp8_mant = fp8_min_exp = 0
+        if is_fp8(k_cache.dtype):  # the format's largest value, mantissa bits and smallest normal exponent
+            info = torch.finfo(k_cache.dtype)  # (e4m3: 448, 3, -6; e5m2: 57344, 2, -14)
+            fp8_max, fp8_mant, fp8_min_exp = info.max, -int(math.log2(info.eps)), int(math.log2(info.smallest_normal))
     else:
         k_cache = v_cache = out_loc = q  # unused
         cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0

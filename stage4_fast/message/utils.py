@@ -84,7 +84,10 @@ def _rows_from(cls_map: Mapping[str, type], data: Mapping[str, Any]) -> list:
     if cls is None:
         raise TypeError(f"unknown message type {data['cls']!r}")
     fields = dict(data["fields"])
-    for name in data.get("encoded", ()):
+    encoded = data["encoded"]
+    if not set(encoded) <= set(fields):
+        raise TypeError(f"encoded columns {encoded!r} are not among the fields of {data['cls']!r}")
+    for name in encoded:
         fields[name] = [deserialize_type(cls_map, v) for v in fields[name]]
     names = tuple(fields)
     if names == _init_fields(cls):  # the sender's field order: rows built positionally (no dict per row)

@@ -148,9 +148,17 @@ def test_merged_replies_keep_every_logprob():
     assert first.logprobs.tokens == ["a"]  # the parts are left as they were
 
 
+def test_encoded_columns_must_be_fields():
+    wire = BatchFrontendMsg([UserReply(1, "a", False), UserReply(2, "b", True)]).encoder()
+    wire["data"]["encoded"] = ["__class__"]
+    with pytest.raises(TypeError, match="encoded columns"):
+        BaseFrontendMsg.decoder(wire)
+
+
 def test_unknown_type_on_the_wire_is_refused():
     with pytest.raises(TypeError, match="unknown message type"):
-        BaseTokenizerMsg.decoder({"__type__": "__columns__", "cls": "os.system", "fields": {"cmd": ["true"]}})
+        BaseTokenizerMsg.decoder({"__type__": "__columns__", "cls": "os.system", "fields": {"cmd": ["true"]},
+                                  "encoded": []})
     with pytest.raises(TypeError, match="unknown message type"):
         BaseBackendMsg.decoder({"__type__": "os.system", "cmd": "true"})
     # a frontend message is not a backend message
