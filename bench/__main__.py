@@ -8,7 +8,7 @@ commands:
   breakdown      where one offline `generate` spends its time: per step host vs device, a kernel profile (GPU)
   decode-sweep   the Triton decode kernel's launch parameters at the real workload's shapes (GPU)
   gemv-sweep     the one-token Triton GEMV against cuBLAS at the model's linear shapes (GPU)
-  gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and the tiled Triton GEMM at the model's shapes (GPU)
+  gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and a split-K Triton GEMM at the model's shapes (GPU)
   kv-accuracy    what a bf16 / fp8 KV cache costs in accuracy against a full-precision one (stage4)
   tp             TP 1 vs TP 2: fp32 equality with HF, bf16 agreement and throughput (2 GPUs)
   tp-logits      TP 1 vs TP 2 teacher-forced logits against HF, and the all-reduce's cost (2 GPUs)
