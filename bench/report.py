@@ -135,8 +135,9 @@ def ablation_rows(results: dict) -> list[dict]:
         throughput("attention backend", "abl:attn:triton", "abl:attn:fi", "offline", "triton", "fi")
     if "abl:kv:auto" in results["jobs"]:
         throughput("KV cache dtype", "abl:kv:auto", "abl:kv:fp8_e4m3", "offline", "bf16 (auto)", "fp8_e4m3")
-        throughput("KV cache dtype (server burst)", "abl:kv:auto", "abl:kv:fp8_e4m3", "serve_offline", "bf16 (auto)",
-                   "fp8_e4m3")
+    if "abl:kv:burst-auto" in results["jobs"]:
+        throughput("KV cache dtype (server burst)", "abl:kv:burst-auto", "abl:kv:burst-fp8_e4m3", "serve_offline",
+                   "bf16 (auto)", "fp8_e4m3")
     if "abl:tp:1" in results["jobs"]:
         throughput("tensor parallel (server)", "abl:tp:1", "abl:tp:2", "serve_offline", "TP 1", "TP 2")
     for name, label in (("radix", "radix cache, page 1"), ("page16", "radix cache, page 16"),
@@ -154,22 +155,29 @@ def ablation_rows(results: dict) -> list[dict]:
                           + " / ".join(f"{x:,.0f}" for x in warm),
                     "effect": " / ".join(f"{x / cold - 1:+.1%}" for x in warm),
                     "plot": [("output tok/s", cold, warm[0], "call 1", "call 2")]})
-    if "abl:burst:served" in results["jobs"] and not fail("served burst", "abl:burst:offline", "abl:burst:served"):
-        x, y = _task(results, "abl:burst:offline", "offline"), _task(results, "abl:burst:served", "serve_offline")
-        if x and y:
-            ms = {k: (y.get(k) or 0.0) * 1e3 for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
-                                                         "tpot_p50_s", "tpot_p99_s")}
-            out.append({"name": "served burst", "stage": "stage4_fast",
-                        "workload": f"{y['workload']}, all at once as streamed /v1/completions "
-                                    f"({y.get('client_processes', 1)} client processes); model "
-                                    f"{results['jobs']['abl:burst:served']['result']['model']}",
-                        "off": f"offline `LLM.generate`: {x['tok_s']:,.0f} out tok/s",
-                        "on": f"server: {y['tok_s']:,.0f} out tok/s; TTFT p50/p99 {ms['ttft_p50_s']:,.0f} / "
-                              f"{ms['ttft_p99_s']:,.0f} ms, ITL p50/p99 {ms['itl_p50_s']:,.1f} / "
-                              f"{ms['itl_p99_s']:,.1f} ms, TPOT p50/p99 {ms['tpot_p50_s']:,.1f} / "
-                              f"{ms['tpot_p99_s']:,.1f} ms, {y['chunks_per_token']:.2f} chunks per token",
-                        "effect": f"{y['tok_s'] / x['tok_s']:.0%} of offline",
-                        "plot": [("output tok/s", x["tok_s"], y["tok_s"], "offline", "served")]})
+    def served_burst(name: str, key_offline: str, key_served: str) -> None:
+        """The whole workload at once through the server against offline on the same model."""
+        if key_served not in results["jobs"] or fail(name, key_offline, key_served):
+            return
+        x, y = _task(results, key_offline, "offline"), _task(results, key_served, "serve_offline")
+        if not (x and y):
+            return
+        ms = {k: (y.get(k) or 0.0) * 1e3 for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                                                     "tpot_p50_s", "tpot_p99_s")}
+        out.append({"name": name, "stage": "stage4_fast",
+                    "workload": f"{y['workload']}, all at once as streamed /v1/completions "
+                                f"({y.get('client_processes', 1)} client processes); model "
+                                f"{results['jobs'][key_served]['result']['model']}",
+                    "off": f"offline `LLM.generate`: {x['tok_s']:,.0f} out tok/s",
+                    "on": f"server: {y['tok_s']:,.0f} out tok/s; TTFT p50/p99 {ms['ttft_p50_s']:,.0f} / "
+                          f"{ms['ttft_p99_s']:,.0f} ms, ITL p50/p99 {ms['itl_p50_s']:,.1f} / "
+                          f"{ms['itl_p99_s']:,.1f} ms, TPOT p50/p99 {ms['tpot_p50_s']:,.1f} / "
+                          f"{ms['tpot_p99_s']:,.1f} ms, {y['chunks_per_token']:.2f} chunks per token",
+                    "effect": f"{y['tok_s'] / x['tok_s']:.0%} of offline",
+                    "plot": [("output tok/s", x["tok_s"], y["tok_s"], "offline", "served")]})
+
+    served_burst("served burst", "abl:burst:offline", "abl:burst:served")
+    served_burst("served burst, fp8_e4m3 KV", "abl:kv:burst-fp8_e4m3", "abl:kv:burst-fp8_e4m3")
     return out
 
 

@@ -99,9 +99,12 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             # whose vocabulary is the tokenizer's, so every token streams text)
             jobs += [Job("abl:burst:offline", "stage4_fast", ["offline"], {}, BURST_MODEL),
                      Job("abl:burst:served", "stage4_fast", ["serve_offline"], {}, BURST_MODEL)]
-            # the KV cache in the model's dtype (bf16) vs fp8: offline, and the same burst through the server
-            jobs += [Job(f"abl:kv:{kv}", "stage4_fast", ["offline", "serve_offline"], {"kv_cache_dtype": kv})
+            # the KV cache in the model's dtype (bf16) vs fp8: offline, and the burst through the server against
+            # offline on the model whose every token streams text
+            jobs += [Job(f"abl:kv:{kv}", "stage4_fast", ["offline"], {"kv_cache_dtype": kv})
                      for kv in ("auto", "fp8_e4m3")]
+            jobs += [Job(f"abl:kv:burst-{kv}", "stage4_fast", ["offline", "serve_offline"], {"kv_cache_dtype": kv},
+                         BURST_MODEL) for kv in ("auto", "fp8_e4m3")]
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")

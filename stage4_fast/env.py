@@ -45,6 +45,8 @@ class _Env:
     DISABLE_GEMV_NORM = EnvVar("DISABLE_GEMV_NORM", False, _parse_bool)
     # this step's K/V written into the pool by the fused q/k norm + RoPE kernel (else by the store kernel), for A/B
     DISABLE_FUSED_KV_STORE = EnvVar("DISABLE_FUSED_KV_STORE", False, _parse_bool)
+    # greedy sampling's Triton argmax over 16-bit GPU logits (kernel/triton_argmax.py), off for A/B measurements
+    DISABLE_TRITON_ARGMAX = EnvVar("DISABLE_TRITON_ARGMAX", False, _parse_bool)
     # the Triton attention's dots over an fp8 KV cache under 16-bit queries: "fp16" (fp8 converts to it exactly and
     # cheaply; 8 % faster decode attention on the H200, bench/results/h200.md) or "q" (the queries' dtype), for A/B runs
     TRITON_FP8_DOTS = EnvVar("TRITON_FP8_DOTS", "fp16", str)

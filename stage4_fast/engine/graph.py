@@ -83,6 +83,7 @@ class GraphCaptureBuffer:
         batch.input_ids = self.input_ids[:bs]
         batch.out_loc = self.out_loc[:bs]
         batch.positions = self.positions[:bs]
+        batch.logits_out = self.logits[:bs]
 
     def copy_from(self, batch: Batch) -> None:
         bs = batch.padded_size
@@ -152,15 +153,22 @@ class GraphRunner:
                 self.buffer.set_batch(batch)
                 self.attn_backend.prepare_for_capture(batch)
                 with ctx.forward_batch(batch):  # warm-up: lazy initialisation must not happen during capture
-                    self.buffer.logits[:bs] = self.model.forward()
+                    self._forward_into_buffer(bs)
                 if self.emulated:
                     self.graph_map[bs] = EmulatedGraph(self._make_closure(batch))
                     continue
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=self.stream), ctx.forward_batch(batch):
-                    self.buffer.logits[:bs] = self.model.forward()
+                    self._forward_into_buffer(bs)
                 pool = graph.pool()
                 self.graph_map[bs] = graph
+
+    def _forward_into_buffer(self, bs: int) -> None:
+        """The model's forward with its logits in the buffer: written there by the LM head (``Batch.logits_out``),
+        or copied for a head that returned its own tensor."""
+        logits = self.model.forward()
+        if logits.data_ptr() != self.buffer.logits.data_ptr():
+            self.buffer.logits[:bs] = logits
 
     def _make_closure(self, capture_batch: Batch) -> Callable[[], None]:
         bs = capture_batch.padded_size
@@ -171,7 +179,7 @@ class GraphRunner:
             ctx = get_global_ctx()
             replayed, ctx._batch = ctx._batch, capture_batch
             try:
-                self.buffer.logits[:bs] = self.model.forward()
+                self._forward_into_buffer(bs)
             finally:
                 ctx._batch = replayed
 

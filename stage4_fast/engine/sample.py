@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, List
 import torch
 
 from ..core import GREEDY_TEMPERATURE
+from ..kernel import greedy_argmax
 from ..sampling import (
     MAX_TOP_LOGPROBS,
     BatchLogprobs,
@@ -256,8 +257,8 @@ class Sampler:
             if args.grammar_bitmask is not None:
                 assert self.grammar is not None and args.grammar_rows is not None
                 self.grammar.apply(logits, args.grammar_bitmask, args.grammar_rows)
-        if args.temperatures is None:
-            return logits.argmax(dim=-1)
+        if args.temperatures is None:  # an all-greedy batch
+            return greedy_argmax(logits)
         return sample_impl(logits, args.temperatures, args.top_k, args.top_p, self.generator, args.seeds, args.min_p)
 
     def logprobs(

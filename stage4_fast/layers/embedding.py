@@ -75,15 +75,21 @@ class ParallelLMHead(VocabParallelEmbedding):
             if batch.prompt_logprob_rows is not None:  # echo: the sampler turns these into prompt logprobs
                 batch.prompt_hidden = x[batch.prompt_logprob_rows]
             x = x[batch.attn_metadata.get_last_indices(batch.size)]
-        return self.compute_logits(x)
+        return self.compute_logits(x, out=batch.logits_out)
 
-    def compute_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of any rows of final hidden states (every rank calls it with the same rows)."""
+    def compute_logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of any rows of final hidden states (every rank calls it with the same rows); into ``out`` when
+        given (the same GEMM as F.linear, written in place)."""
         weight = self._tied_embedding.weight if self._tied_embedding is not None else self.weight
-        logits = F.linear(x, weight, self.bias)
         if self.tp_size == 1:
-            return logits
+            if out is None:
+                return F.linear(x, weight, self.bias)
+            if self.bias is None:
+                return torch.matmul(x, weight.t(), out=out)
+            return torch.addmm(self.bias, x, weight.t(), out=out)
+        logits = F.linear(x, weight, self.bias)
         # rank-major gather [tp * bs, V_tp] -> [bs, tp * V_tp], then drop the padding rows of the last shard
         bs = logits.shape[0]
         gathered = self._comm.all_gather(logits).view(self.tp_size, bs, self.num_embeddings_tp)
-        return gathered.transpose(0, 1).reshape(bs, -1)[:, : self.num_embeddings]
+        logits = gathered.transpose(0, 1).reshape(bs, -1)[:, : self.num_embeddings]
+        return logits if out is None else out.copy_(logits)

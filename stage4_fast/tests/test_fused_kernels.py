@@ -241,3 +241,42 @@ def test_qk_norm_rope_compiles_for_a_hopper_gpu(cache):
     assert run.returncode == 0, run.stderr[-3000:]
     # the fp8 store converts with the hardware's saturating cvt
     assert run.stdout.split()[-1] == ("plain" if cache == "bf16" else "satfinite")
+
+
+def _argmax_cases(dtype: torch.dtype, device: str) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    vocab = 3 * 8192 + 517  # several chunks, a partial last one
+    rand = torch.randn(4, vocab, generator=gen)
+    ties = torch.randint(0, 4, (5, vocab), generator=gen).float()  # the max in every chunk, many times per row
+    ties[1, 9000] = 7.0  # one row's max once, in the second chunk
+    ties[2, :] = 3.0  # all equal: index 0
+    special = torch.randn(6, vocab, generator=gen)
+    special[0, :] = float("-inf")  # a row masked out entirely
+    special[1, 20000] = float("nan")  # a NaN beats every number
+    special[2, [17, 24000]] = float("nan")  # the first NaN wins
+    special[3, vocab - 1] = float("inf")  # in the partial last chunk
+    special[4, [5, 8192 + 5]] = float("inf")  # two infs: the first
+    special[5, 8191] = 50.0  # the last column of a chunk
+    short = torch.randn(3, 700, generator=gen)  # narrower than one block
+    return [t.to(device, dtype) for t in (rand, ties, special, short)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_matches_torch(dtype, device):
+    """The greedy argmax kernel gives torch.argmax's indices: first of equal maxima, NaN above all, -inf rows 0."""
+    from stage4_fast.kernel import triton_argmax
+
+    for logits in _argmax_cases(dtype, device):
+        out = triton_argmax.argmax_rows(logits)
+        assert out.dtype == torch.int32
+        assert out.tolist() == logits.argmax(-1).tolist()
+    wide = torch.randn(6, 2 * 8192 + 40, dtype=dtype, device=device)  # rows of a wider buffer (a row stride > vocab)
+    assert triton_argmax.argmax_rows(wide[:, :8200]).tolist() == wide[:, :8200].argmax(-1).tolist()
+
+
+def test_greedy_argmax_takes_pytorch_off_gpu():
+    from stage4_fast.kernel import greedy_argmax
+
+    logits = torch.randn(3, 50, dtype=torch.bfloat16)
+    assert torch.equal(greedy_argmax(logits), logits.argmax(-1))
