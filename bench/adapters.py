@@ -13,6 +13,7 @@ prefill tokens actually computed (`Engine.forward_batch`) and per-token arrival 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -181,6 +182,20 @@ class LLMAdapter:
 
         self.llm.receive_msg = receive
         return released
+
+
+def release_adapter(adapter) -> None:
+    """Give back what an in-process engine holds (its KV pool, its CUDA graphs), e.g. before a server starts on the
+    same GPU: an engine with a shutdown (the `LLM` of stage2+) shuts down, then the device's cached memory is
+    freed."""
+    llm = getattr(adapter, "llm", None)
+    if llm is not None and hasattr(llm, "shutdown"):
+        llm.shutdown()
+    device = getattr(adapter, "device", torch.device("cpu"))
+    del adapter, llm
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def load_adapter(engine: str, model: str, device: torch.device, dtype: torch.dtype, **options):

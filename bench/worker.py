@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES, GenResult, launch_server, load_adapter, sync
+from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES, GenResult, launch_server, load_adapter, release_adapter, sync
 from .meta import relative
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
@@ -351,24 +351,34 @@ def run(args: argparse.Namespace) -> dict:
     if args.gpu and sizes.slow_stage_seqs and args.stage == "stage0_tiny":
         w = w.head(sizes.slow_stage_seqs)  # one request at a time through 256 x 1024 tokens would take an hour
     adapter = None
-    if any(t not in SERVER_ONLY for t in tasks):
-        t0 = time.perf_counter()
-        adapter = load_adapter(args.stage, args.model, device, dtype, **options)
-        adapter.generate([random_prompt(vocab, 16, seed=9)], [4])  # warm-up: first touches, allocator, kernels
-        result["load_s"] = time.perf_counter() - t0
+
+    def engine():
+        nonlocal adapter
+        if adapter is None:
+            t0 = time.perf_counter()
+            adapter = load_adapter(args.stage, args.model, device, dtype, **options)
+            adapter.generate([random_prompt(vocab, 16, seed=9)], [4])  # warm-up: first touches, allocator, kernels
+            result.setdefault("load_s", time.perf_counter() - t0)
+        return adapter
+
     for t in tasks:
+        if t in SERVER_ONLY and adapter is not None:
+            # the server sizes its KV pool from the GPU memory it finds free: this process's engine must give its
+            # own back first (with it alive, the server's pool was a fraction of offline's and the burst queued)
+            release_adapter(adapter)
+            adapter = None
         if t == "prefill":
-            r = task_prefill(adapter, sizes, vocab)
+            r = task_prefill(engine(), sizes, vocab)
         elif t == "decode":
-            r = task_decode(adapter, sizes, vocab)
+            r = task_decode(engine(), sizes, vocab)
         elif t == "offline":
-            r = task_offline(adapter, w)
+            r = task_offline(engine(), w)
         elif t == "offline_warm":
-            r = task_offline_warm(adapter, w)
+            r = task_offline_warm(engine(), w)
         elif t == "shared_prefix":
-            r = task_shared_prefix(adapter, sizes, vocab)
+            r = task_shared_prefix(engine(), sizes, vocab)
         elif t == "long_prompt":
-            r = task_long_prompt(adapter, sizes, vocab, device)
+            r = task_long_prompt(engine(), sizes, vocab, device)
         elif t == "serve":
             r = task_serve(args.stage, args.model, sizes, vocab, dtype_name, log, options)
         else:
