@@ -143,6 +143,14 @@ def set_global_ctx(ctx: Context) -> None:
     _GLOBAL_CTX = ctx
 
 
+def release_global_ctx(ctx: Context) -> None:
+    """Forget the global context if it is ``ctx``: an engine that shuts down must not keep its KV pool and page
+    table alive through it (a process that starts a server after its own engine needs that memory back)."""
+    global _GLOBAL_CTX
+    if _GLOBAL_CTX is ctx:
+        _GLOBAL_CTX = None
+
+
 def get_global_ctx() -> Context:
     assert _GLOBAL_CTX is not None, "global context not set: build an Engine first"
     return _GLOBAL_CTX

@@ -92,3 +92,17 @@ def test_pool_exhaustion_is_a_clear_error(tiny_model):
     engine = make_engine(tiny_model("qwen2"), page_size=4, num_page_override=2)
     with pytest.raises(RuntimeError, match="KV pool exhausted"):
         ManualBatcher(engine).generate([list(range(1, 7))] * 2, SamplingParams(max_tokens=1))
+
+
+def test_shutdown_gives_the_kv_pool_back(tiny_model):
+    """After shutdown nothing of the engine's keeps its KV pool alive: the global context forgets it too (a process
+    that starts a server after running its own engine needs that memory back)."""
+    import gc
+    import weakref
+
+    engine = make_engine(tiny_model("qwen3"))
+    pool = weakref.ref(engine.ctx.kv_cache)
+    engine.shutdown()
+    del engine
+    gc.collect()
+    assert pool() is None

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from ..attention import create_attention_backend, validate_attn_backend
-from ..core import Batch, Context, Req, SamplingParams, set_global_ctx
+from ..core import Batch, Context, Req, SamplingParams, release_global_ctx, set_global_ctx
 from ..distributed import set_tp_info
 from ..kvcache import create_kvcache_pool
 from ..layers import set_rope_device
@@ -141,3 +141,4 @@ class Engine:
 
     def shutdown(self) -> None:
         self.graph_runner.destroy_cuda_graphs()
+        release_global_ctx(self.ctx)

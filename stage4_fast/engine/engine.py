@@ -16,7 +16,7 @@ from ..attention import (
     validate_attn_backend,
 )
 from ..attention.hybrid_linear import HybridLinearAttnBackend
-from ..core import Batch, Context, Req, SamplingParams, set_global_ctx
+from ..core import Batch, Context, Req, SamplingParams, release_global_ctx, set_global_ctx
 from ..distributed import destroy_distributed, init_process_group, reset_tp_info, set_tp_info
 from ..kernel.ref import is_fp8
 from ..kvcache import create_kvcache_pool, kv_cache_dtype_name, resolve_kv_cache_dtype
@@ -259,3 +259,4 @@ class Engine:
         self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)
         destroy_distributed()
         reset_tp_info()
+        release_global_ctx(self.ctx)
