@@ -135,9 +135,9 @@ def ablation_rows(results: dict) -> list[dict]:
         throughput("attention backend", "abl:attn:triton", "abl:attn:fi", "offline", "triton", "fi")
     if "abl:kv:auto" in results["jobs"]:
         throughput("KV cache dtype", "abl:kv:auto", "abl:kv:fp8_e4m3", "offline", "bf16 (auto)", "fp8_e4m3")
-    if "abl:kv:burst-auto" in results["jobs"]:
-        throughput("KV cache dtype (server burst)", "abl:kv:burst-auto", "abl:kv:burst-fp8_e4m3", "serve_offline",
-                   "bf16 (auto)", "fp8_e4m3")
+    if "abl:kv:burst-served-auto" in results["jobs"]:
+        throughput("KV cache dtype (server burst)", "abl:kv:burst-served-auto", "abl:kv:burst-served-fp8_e4m3",
+                   "serve_offline", "bf16 (auto)", "fp8_e4m3")
     if "abl:tp:1" in results["jobs"]:
         throughput("tensor parallel (server)", "abl:tp:1", "abl:tp:2", "serve_offline", "TP 1", "TP 2")
     for name, label in (("radix", "radix cache, page 1"), ("page16", "radix cache, page 16"),
@@ -177,7 +177,7 @@ def ablation_rows(results: dict) -> list[dict]:
                     "plot": [("output tok/s", x["tok_s"], y["tok_s"], "offline", "served")]})
 
     served_burst("served burst", "abl:burst:offline", "abl:burst:served")
-    served_burst("served burst, fp8_e4m3 KV", "abl:kv:burst-fp8_e4m3", "abl:kv:burst-fp8_e4m3")
+    served_burst("served burst, fp8_e4m3 KV", "abl:kv:burst-offline-fp8_e4m3", "abl:kv:burst-served-fp8_e4m3")
     return out
 
 

@@ -100,11 +100,13 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             jobs += [Job("abl:burst:offline", "stage4_fast", ["offline"], {}, BURST_MODEL),
                      Job("abl:burst:served", "stage4_fast", ["serve_offline"], {}, BURST_MODEL)]
             # the KV cache in the model's dtype (bf16) vs fp8: offline, and the burst through the server against
-            # offline on the model whose every token streams text
+            # offline on the model whose every token streams text (each in its own process, as the burst group: a
+            # server started beside a live engine sizes its KV pool from what that engine left free)
             jobs += [Job(f"abl:kv:{kv}", "stage4_fast", ["offline"], {"kv_cache_dtype": kv})
                      for kv in ("auto", "fp8_e4m3")]
-            jobs += [Job(f"abl:kv:burst-{kv}", "stage4_fast", ["offline", "serve_offline"], {"kv_cache_dtype": kv},
-                         BURST_MODEL) for kv in ("auto", "fp8_e4m3")]
+            burst_parts = (("offline", "offline"), ("served", "serve_offline"))
+            jobs += [Job(f"abl:kv:burst-{part}-{kv}", "stage4_fast", [task], {"kv_cache_dtype": kv}, BURST_MODEL)
+                     for kv in ("auto", "fp8_e4m3") for part, task in burst_parts]
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")
