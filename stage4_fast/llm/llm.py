@@ -19,6 +19,24 @@ from ..utils import int_tensor
 from ..utils.hf import tp_split_problem
 from .tp import join_followers, start_followers, tp_config_fields
 
+# Offline, nobody waits on a prefill step, so on a large GPU the offline LLM takes prefill steps twice the server's
+# (--max-num-batched-tokens 8192), as vLLM's LLM class does (16,384 against its server's 8,192 on GPUs of 70 GiB
+# and more other than the A100: vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults). On the H200 the upstream
+# offline workload's 18 prefill steps ran at the host's pace (each launch loop ~30 ms against ~22 ms on the device);
+# 9 steps of 16,384 tokens ran it at 36,537 tok/s against 31,496 on the same machine (bench/results/h200-step-cost.md).
+OFFLINE_PREFILL_TOKENS_LARGE_GPU = 16384
+LARGE_GPU_BYTES = 70 * (1 << 30)
+
+
+def offline_prefill_tokens() -> int:
+    """The offline LLM's default prefill tokens per step: 16,384 on a CUDA GPU of >= 70 GiB that is not an A100
+    (where vLLM measured larger steps to lose), else the scheduler's default."""
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if props.total_memory >= LARGE_GPU_BYTES and "a100" not in props.name.lower():
+            return OFFLINE_PREFILL_TOKENS_LARGE_GPU
+    return SchedulerConfig.max_extend_tokens
+
 
 class RequestAllFinished(Exception):
     """Raised by the offline receive hook when everything is done: ends run_forever."""
@@ -47,6 +65,7 @@ class LLM(Scheduler):
             raise ValueError(f"tp={tp}: {why}")
         if kwargs.get("nnodes", 1) != 1:
             raise ValueError("the offline LLM runs on one machine; several machines: the server's --nnodes")
+        kwargs.setdefault("max_extend_tokens", offline_prefill_tokens())
         config = SchedulerConfig(
             model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype, offline_mode=True,
             **tp_config_fields(tp), **kwargs

@@ -243,3 +243,41 @@ def test_requests_submitted_together_share_a_system_prompt(tiny_model):
     plain = make_llm(tiny_model("qwen3"), cache_type="naive").generate(prompts, greedy(5), use_tqdm=False)
     assert [o["token_ids"] for o in out] == [o["token_ids"] for o in plain]
     assert_pool_accounted(llm)
+
+
+def test_offline_prefill_step_default_follows_the_gpu(monkeypatch):
+    """The offline LLM's prefill budget: 16,384 tokens on a CUDA GPU of 70 GiB or more other than an A100 (vLLM's
+    LLM-class default), the scheduler's 8,192 elsewhere; an explicit max_extend_tokens always wins."""
+    from types import SimpleNamespace
+
+    from stage4_fast.llm import llm as llm_module
+
+    def gpu(name: str, gib: int):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        props = SimpleNamespace(name=name, total_memory=gib << 30)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+
+    gpu("NVIDIA H200", 141)
+    assert llm_module.offline_prefill_tokens() == 16384
+    gpu("NVIDIA A100-SXM4-80GB", 80)
+    assert llm_module.offline_prefill_tokens() == 8192
+    gpu("NVIDIA L4", 24)
+    assert llm_module.offline_prefill_tokens() == 8192
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert llm_module.offline_prefill_tokens() == 8192
+
+
+def test_offline_llm_on_cpu_keeps_the_default_prefill_budget(tiny_model):
+    from stage4_fast.llm import LLM
+
+    llm = LLM(str(tiny_model("qwen3")), dtype=torch.float32)
+    try:
+        assert llm.config.max_extend_tokens == 8192
+    finally:
+        llm.shutdown()
+    llm = LLM(str(tiny_model("qwen3")), dtype=torch.float32, max_extend_tokens=64)
+    try:
+        assert llm.config.max_extend_tokens == 64
+    finally:
+        llm.shutdown()
