@@ -184,15 +184,17 @@ class LLMAdapter:
         return released
 
 
-def release_adapter(adapter) -> None:
-    """Give back what an in-process engine holds (its KV pool, its CUDA graphs), e.g. before a server starts on the
-    same GPU: an engine with a shutdown (the `LLM` of stage2+) shuts down, then the device's cached memory is
-    freed."""
+def shut_down(adapter) -> None:
+    """Shut an in-process engine down (the `LLM` of stage2+; the others have nothing to stop). What it holds is
+    freed once the caller drops its last reference and calls `free_unreferenced_memory`."""
     llm = getattr(adapter, "llm", None)
     if llm is not None and hasattr(llm, "shutdown"):
         llm.shutdown()
-    device = getattr(adapter, "device", torch.device("cpu"))
-    del adapter, llm
+
+
+def free_unreferenced_memory(device: torch.device) -> None:
+    """Collect what nothing references any more (an engine's object graph has cycles) and hand the device's cached
+    blocks back to the driver, e.g. before a server that sizes its KV pool from the free memory starts."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

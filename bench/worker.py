@@ -34,7 +34,17 @@ from typing import Any
 
 import torch
 
-from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES, GenResult, launch_server, load_adapter, release_adapter, sync
+from .adapters import (
+    ENGINES,
+    LLM_STAGES,
+    SERVER_STAGES,
+    GenResult,
+    free_unreferenced_memory,
+    launch_server,
+    load_adapter,
+    shut_down,
+    sync,
+)
 from .meta import relative
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
@@ -363,10 +373,11 @@ def run(args: argparse.Namespace) -> dict:
 
     for t in tasks:
         if t in SERVER_ONLY and adapter is not None:
-            # the server sizes its KV pool from the GPU memory it finds free: this process's engine must give its
-            # own back first (with it alive, the server's pool was a fraction of offline's and the burst queued)
-            release_adapter(adapter)
+            # the server sizes its KV pool from the GPU memory it finds free: this process's engine gives its own
+            # back first (shut down, its last reference dropped, then collected)
+            shut_down(adapter)
             adapter = None
+            free_unreferenced_memory(device)
         if t == "prefill":
             r = task_prefill(engine(), sizes, vocab)
         elif t == "decode":

@@ -4,42 +4,43 @@ sizes its KV pool from the free GPU memory), and a later engine task loads a fre
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import weakref
+from pathlib import Path
 
 from bench import worker
 
-
-class FakeAdapter:
-    released = False
-
-    def generate(self, prompts, output_lens):
-        return worker.GenResult([[1] * n for n in output_lens], [0.0] * len(prompts))
+REPO = Path(__file__).resolve().parents[2]
 
 
-def test_engine_released_before_a_server_task(monkeypatch):
+def _args(tasks: str, model: str) -> argparse.Namespace:
+    return argparse.Namespace(task=tasks, stage="stage4_fast", model=model, options="{}", quick=True, gpu=False,
+                              log=None)
+
+
+def test_engine_collected_before_a_server_task(monkeypatch):
+    """The real stage-4 engine: when the server task starts, nothing keeps the offline engine's KV pool alive (the
+    worker once collected while it still held the engine itself, so the pool outlived the shutdown)."""
+    tiny = REPO / "models" / "tiny-qwen3"
+    if not (tiny / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "models", "make", "tiny-qwen3"], cwd=REPO, check=True)
     events: list[str] = []
-    loaded: list[FakeAdapter] = []
+    pools: list[weakref.ref] = []
 
-    def load(*args, **kwargs):
-        loaded.append(FakeAdapter())
-        events.append("load")
-        return loaded[-1]
-
-    def release(adapter):
-        adapter.released = True
-        events.append("release")
+    def offline(adapter, w):
+        pools.append(weakref.ref(adapter.llm.engine.ctx.kv_cache))
+        events.append("offline")
+        return {"tok_s": 1.0}
 
     def serve_offline(*args, **kwargs):
-        assert all(a.released for a in loaded), "a server started while the engine still held its memory"
+        assert all(pool() is None for pool in pools), "a server started while the engine's KV pool was alive"
         events.append("serve")
         return {"tok_s": 1.0}
 
-    monkeypatch.setattr(worker, "load_adapter", load)
-    monkeypatch.setattr(worker, "release_adapter", release)
+    monkeypatch.setattr(worker, "task_offline", offline)
     monkeypatch.setattr(worker, "task_serve_offline", serve_offline)
-    monkeypatch.setattr(worker, "task_offline", lambda adapter, w: events.append("offline") or {"tok_s": 1.0})
-    monkeypatch.setattr(worker, "vocab_size", lambda model: 49152)
-    args = argparse.Namespace(task="offline,serve_offline,offline", stage="stage4_fast", model="m", options="{}",
-                              quick=True, gpu=False, log=None)
-    result = worker.run(args)
-    assert events == ["load", "offline", "release", "serve", "load", "offline"]
+    result = worker.run(_args("offline,serve_offline,offline", str(tiny)))
+    assert events == ["offline", "serve", "offline"]  # the second offline task loaded a new engine
+    assert len(pools) == 2 and pools[0]() is None
     assert set(result["tasks"]) == {"offline", "serve_offline"}
