@@ -164,11 +164,9 @@ class GraphRunner:
                 self.graph_map[bs] = graph
 
     def _forward_into_buffer(self, bs: int) -> None:
-        """The model's forward with its logits in the buffer: written there by the LM head (``Batch.logits_out``),
-        or copied for a head that returned its own tensor."""
+        """The model's forward, whose LM head writes the logits into the buffer (``Batch.logits_out``)."""
         logits = self.model.forward()
-        if logits.data_ptr() != self.buffer.logits.data_ptr():
-            self.buffer.logits[:bs] = logits
+        assert logits.data_ptr() == self.buffer.logits.data_ptr(), "the LM head must write into Batch.logits_out"
 
     def _make_closure(self, capture_batch: Batch) -> Callable[[], None]:
         bs = capture_batch.padded_size

@@ -64,15 +64,15 @@ def gemv_kernel_for(x: torch.Tensor):
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` of [rows, vocab] logits: the Triton kernel (``triton_argmax``: the same answer, ties
-    and NaN included, as int32) for CUDA logits in bf16/fp16 unless MINISGL_DISABLE_TRITON_ARGMAX is set, else
-    PyTorch's (int64)."""
+    """``logits.argmax(-1)`` of [rows, vocab] logits as int32 (what the engine keeps token ids in): the Triton
+    kernel (``triton_argmax``: the same answer, ties and NaN included) for CUDA logits in bf16/fp16 unless
+    MINISGL_DISABLE_TRITON_ARGMAX is set, else PyTorch's."""
     if (logits.is_cuda and logits.dtype in (torch.bfloat16, torch.float16) and logits.dim() == 2
             and logits.stride(1) == 1 and not ENV.DISABLE_TRITON_ARGMAX.value):
         from . import triton_argmax
 
         return triton_argmax.argmax_rows(logits)
-    return logits.argmax(dim=-1)
+    return logits.argmax(dim=-1).to(torch.int32)
 
 
 __all__ = ["fused_kernels_for", "gemv_kernel_for", "greedy_argmax", "indexing", "load_cuda_kernels", "store_cache"]

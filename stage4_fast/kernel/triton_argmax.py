@@ -46,7 +46,7 @@ def _argmax_chunks_kernel(Logits, ChunkVal, ChunkIdx, V, stride_row, num_chunks,
     for start in range(BLOCK, CHUNK, BLOCK):
         c = cols + start
         x = tl.load(base + c, mask=c < V, other=float("-inf")).to(tl.float32)
-        take = ((x > best) | ((x != x) & (best == best))) & (c < V)
+        take = (x > best) | ((x != x) & (best == best))  # a masked column (-inf) never takes
         best = tl.where(take, x, best)
         best_idx = tl.where(take, c, best_idx)
     value, index = _first_max(best, best_idx, NO_INDEX)

@@ -275,8 +275,15 @@ def test_argmax_matches_torch(dtype, device):
     assert triton_argmax.argmax_rows(wide[:, :8200]).tolist() == wide[:, :8200].argmax(-1).tolist()
 
 
-def test_greedy_argmax_takes_pytorch_off_gpu():
-    from stage4_fast.kernel import greedy_argmax
+def test_greedy_argmax_takes_pytorch_off_gpu(monkeypatch):
+    """Off the GPU (and for fp32 logits) greedy sampling is PyTorch's argmax, as int32 like the kernel's."""
+    from stage4_fast.kernel import greedy_argmax, triton_argmax
 
-    logits = torch.randn(3, 50, dtype=torch.bfloat16)
-    assert torch.equal(greedy_argmax(logits), logits.argmax(-1))
+    def no_kernel(logits):
+        raise AssertionError("the Triton argmax ran off the GPU")
+
+    monkeypatch.setattr(triton_argmax, "argmax_rows", no_kernel)
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.randn(3, 50).to(dtype)
+        tokens = greedy_argmax(logits)
+        assert tokens.dtype == torch.int32 and tokens.tolist() == logits.argmax(-1).tolist()
