@@ -111,7 +111,7 @@ class Req:
 
     @property
     def can_decode(self) -> bool:
-        return self.remain_len > 0
+        return self.device_len < self.max_device_len  # remain_len > 0, without a second property call
 
     def complete_one(self) -> None:
         """Called right after a forward is launched: everything up to device_len now has KV, and the token

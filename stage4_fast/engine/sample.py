@@ -28,7 +28,7 @@ from ..sampling import (
 from ..utils.device import to_device
 
 if TYPE_CHECKING:
-    from ..core import Batch, Req
+    from ..core import Batch, Req, SamplingParams
 
 
 MAX_TEMPERATURE = 1e30
@@ -128,6 +128,11 @@ def draw_by_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     return drawn.clamp_(max=probs.shape[-1] - 1)  # only a NaN row (no valid distribution) lands past the end
 
 
+def _uses_api_fields(p: SamplingParams) -> bool:
+    """Whether a request needs any of _prepare_api_fields' tensors (a grammar is asked of the backend instead)."""
+    return bool(p.logit_bias) or p.logprobs is not None or p.has_penalty
+
+
 class Sampler:
     def __init__(self, device: torch.device, vocab_size: int, seed: int = 42) -> None:
         self.device = device
@@ -145,7 +150,9 @@ class Sampler:
             args = BatchSamplingArgs(temperatures=None)
         else:
             args = self._prepare_random(batch, params)
-        self._prepare_api_fields(batch, args, token_pool)
+        grammar = self.grammar
+        if (grammar is not None and grammar.active) or any(_uses_api_fields(p) for p in params):
+            self._prepare_api_fields(batch, args, token_pool)  # (a plain batch skips its per-request passes)
         return args
 
     def _prepare_random(self, batch: Batch, params: List) -> BatchSamplingArgs:

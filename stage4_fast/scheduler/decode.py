@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from itertools import chain
-from typing import Dict, Iterable
+from typing import Dict, List
 
 from ..core import Batch, Req
 
@@ -14,9 +14,15 @@ class DecodeManager:
         # An insertion-ordered dict used as a set (upstream: a set, iterated in memory-address order), so the
         # order of requests in a decode batch is the same on every run.
         self.running_reqs: Dict[Req, None] = {}
+        self._decode_list: List[Req] | None = None  # the request list of the decode batch handed out last
 
-    def filter_reqs(self, reqs: Iterable[Req]) -> None:
+    def filter_reqs(self, reqs: List[Req]) -> None:
         """After a launch: add the batch's requests, and drop every request that has produced its last token."""
+        if reqs is self._decode_list and len(reqs) == len(self.running_reqs):
+            # the decode batch handed out last, and nothing left the running set since: the batch IS the running
+            # set, in its order, so one pass over it (not over both) gives the same dict
+            self.running_reqs = {r: None for r in reqs if r.device_len < r.max_device_len}
+            return
         self.running_reqs = dict.fromkeys(r for r in chain(self.running_reqs, reqs) if r.can_decode)
 
     def remove_req(self, req: Req) -> None:
@@ -38,7 +44,8 @@ class DecodeManager:
     def schedule_next_batch(self) -> Batch | None:
         if not self.running_reqs:
             return None
-        return Batch(reqs=list(self.running_reqs), phase="decode")
+        self._decode_list = list(self.running_reqs)
+        return Batch(reqs=self._decode_list, phase="decode")
 
     @property
     def runnable(self) -> bool:

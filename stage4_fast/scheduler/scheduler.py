@@ -276,7 +276,7 @@ class Scheduler(SchedulerIOMixin):
     @staticmethod
     def _length_finished(batch: Batch) -> Sequence[bool]:
         # right after complete_one: can_decode is False exactly when this batch's token is the last one allowed
-        return [not req.can_decode for req in batch.reqs]
+        return [req.device_len >= req.max_device_len for req in batch.reqs]
 
     def _process_last_data(self, last_data: ForwardData | None) -> None:
         if last_data is None:
@@ -289,29 +289,33 @@ class Scheduler(SchedulerIOMixin):
         tokens = tokens_cpu.tolist()
         token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
         reply: List[DetokenizeMsg] = []
+        # this loop runs for every running request at every step: what it reads is looked up once
+        is_prefill, eos, grammar = batch.is_prefill, self.eos_token_id, self.grammar
+        has_grammar = grammar.active
         with self.cache_manager.lazy_free_region():
             for i, (req, token) in enumerate(zip(batch.reqs, tokens)):
                 if isinstance(req, ChunkedReq) or self._is_stale(req):
                     continue
                 params = req.sampling_params
                 msg = DetokenizeMsg(req.uid, token, False, skip_special_tokens=params.skip_special_tokens,
-                                    logprobs=token_logprobs.get(i))
-                if batch.is_prefill:  # the request's first token: report what its prompt cost
+                                    logprobs=token_logprobs.get(i) if token_logprobs else None)
+                if is_prefill:  # the request's first token: report what its prompt cost
                     msg.prompt_tokens = len(req.input_ids)
                     msg.cached_tokens = self._cached_prompt.pop(req.uid, 0)
                     if params.echo:
                         msg.prompt_logprobs = self._echoed_prompt(req)
                 req.append_host(token)
-                stopped = (token == self.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids
+                stopped = (token == eos and not params.ignore_eos) or token in params.stop_token_ids
                 # a grammar that is complete ends the request like EOS
-                stopped |= self.grammar.has(req.uid) and self.grammar.accept(req.uid, token)
+                if has_grammar and grammar.has(req.uid):
+                    stopped |= grammar.accept(req.uid, token)
                 finished = stopped or length_finished[i]
                 if finished:
                     msg.finished, msg.finish_reason = True, "stop" if stopped else "length"
                 reply.append(msg)
                 if finished:
                     self._finish_req(req)
-                elif batch.is_prefill:
+                elif is_prefill:
                     self.cache_manager.cache_req(req, finished=False)  # the prompt becomes shareable
                     self.prefill_manager.prefix_cached(req.uid)
             self._done_id = batch_id
@@ -469,7 +473,7 @@ def _eos_token_id(tokenizer: PreTrainedTokenizerBase | None, hf_config: Pretrain
 
 def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
     reqs = batch.padded_reqs
-    if all(r.extend_len == 1 for r in reqs):
+    if batch.is_decode or all(r.extend_len == 1 for r in reqs):  # (a decode batch extends every request by one)
         positions = int_tensor([r.cached_len for r in reqs])
     else:
         positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
@@ -479,7 +483,7 @@ def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
 def _make_input_tuple(batch: Batch, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     reqs = batch.padded_reqs
     rows = int_tensor([r.table_idx for r in reqs], torch.int64)
-    if any(r.extend_len != 1 for r in reqs):
+    if not batch.is_decode and any(r.extend_len != 1 for r in reqs):
         rows = rows.repeat_interleave(int_tensor([r.extend_len for r in reqs], torch.int64))
     return to_device(rows, device), batch.positions.to(torch.int64)
 
@@ -488,5 +492,5 @@ def _make_write_tuple(batch: Batch, device: torch.device) -> Tuple[torch.Tensor,
     # The sampled token's position is device_len before the forward. A chunk's token is junk: it goes to the last
     # column of its own row, which is never read before the request overwrites it (as upstream).
     rows = int_tensor([r.table_idx for r in batch.reqs], torch.int64)
-    cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
+    cols = int_tensor([r.device_len if r.device_len < r.max_device_len else -1 for r in batch.reqs], torch.int64)
     return to_device(rows, device), to_device(cols, device)

@@ -1,0 +1,73 @@
+"""The running set after a launch (scheduler/decode.py, DecodeManager.filter_reqs): a decode batch that is still the
+running set takes a one-pass path; any other batch, or a running set that changed since the batch was formed, the
+general one. Both must give the same set, in the same order."""
+
+from __future__ import annotations
+
+import random
+from itertools import chain
+
+import torch
+
+from stage4_fast.core import Req, SamplingParams
+from stage4_fast.scheduler.decode import DecodeManager
+
+
+def _req(uid: int, output_len: int) -> Req:
+    return Req(input_ids=torch.tensor([1, 2, 3], dtype=torch.int32), table_idx=uid, cached_len=0,
+               output_len=output_len, uid=uid, sampling_params=SamplingParams())
+
+
+def _launch(reqs: list[Req]) -> None:
+    for req in reqs:
+        req.complete_one()
+
+
+def test_a_decode_batch_drops_what_finished_and_keeps_the_order() -> None:
+    dm = DecodeManager(page_size=1)
+    reqs = [_req(uid, output_len) for uid, output_len in enumerate([3, 1, 2, 3])]
+    _launch(reqs)  # the prefill: each request's first token
+    dm.filter_reqs(reqs)
+    assert [r.uid for r in dm.running_reqs] == [0, 2, 3]  # uid 1 had one token to give
+    batch = dm.schedule_next_batch()
+    assert batch is not None
+    _launch(batch.reqs)
+    dm.filter_reqs(batch.reqs)
+    assert [r.uid for r in dm.running_reqs] == [0, 3]
+
+
+def test_the_one_pass_path_gives_what_the_general_one_gives() -> None:
+    rng = random.Random(0)
+    dm = DecodeManager(page_size=1)
+    reqs = [_req(uid, rng.randint(1, 12)) for uid in range(40)]
+    _launch(reqs)
+    dm.filter_reqs(reqs)
+    while (batch := dm.schedule_next_batch()) is not None:
+        _launch(batch.reqs)
+        general = [r for r in dict.fromkeys(chain(dm.running_reqs, batch.reqs)) if r.can_decode]
+        dm.filter_reqs(batch.reqs)
+        assert list(dm.running_reqs) == general
+
+
+def test_a_batch_that_is_no_longer_the_running_set_takes_the_general_path() -> None:
+    dm = DecodeManager(page_size=1)
+    reqs = [_req(uid, 5) for uid in range(3)]
+    _launch(reqs)
+    dm.filter_reqs(reqs)
+    batch = dm.schedule_next_batch()
+    assert batch is not None
+    dm.remove_req(reqs[1])  # the running set changed after the batch was formed
+    _launch(batch.reqs)
+    dm.filter_reqs(batch.reqs)
+    assert [r.uid for r in dm.running_reqs] == [0, 2, 1]  # running set first, then the batch's others
+
+
+def test_a_prefill_batch_joins_the_running_set() -> None:
+    dm = DecodeManager(page_size=1)
+    old = [_req(0, 5)]
+    _launch(old)
+    dm.filter_reqs(old)
+    new = [_req(1, 5)]
+    _launch(new)
+    dm.filter_reqs(new)
+    assert [r.uid for r in dm.running_reqs] == [0, 1]
