@@ -16,7 +16,6 @@ import torch
 
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
-from ..env import ENV
 from .base import BaseAttnBackend, BaseAttnMetadata
 from .utils import make_seq_lens, upload
 
@@ -37,7 +36,6 @@ class TritonMetadata(BaseAttnMetadata):
     num_splits: int = 1  # decode split-K factor
     mid_o: torch.Tensor | None = None  # decode scratch (fixed buffers under a CUDA graph)
     mid_lse: torch.Tensor | None = None
-    order: torch.Tensor | None = None  # [bs] int32, device: decode programs' launch order (longest first), or None
 
     @property
     def is_decode(self) -> bool:
@@ -54,7 +52,6 @@ class TritonCaptureData:
     cu_seqlens_q: torch.Tensor  # [max_bs + 1] = arange: one query per request
     mid_o: torch.Tensor  # [max_bs, Hq, MAX_DECODE_SPLITS, D] fp32
     mid_lse: torch.Tensor  # [max_bs, Hq, MAX_DECODE_SPLITS] fp32
-    order: torch.Tensor  # [max_bs] int32 (arange until a replay writes the batch's order)
 
 
 class TritonBackend(BaseAttnBackend):
@@ -87,14 +84,12 @@ class TritonBackend(BaseAttnBackend):
 
     def prepare_metadata(self, batch: Batch) -> None:
         lens = make_seq_lens(batch.padded_reqs)
-        ordered = lens.is_decode and not ENV.DISABLE_DECODE_ORDER.value
         batch.attn_metadata = TritonMetadata(
             cu_seqlens_q=upload(lens.cu_seqlens_q, self.device),
             seq_lens=upload(lens.seqlens_k, self.device),
             table_idx=upload(lens.table_idx, self.device),
             max_seqlen_q=lens.max_seqlen_q,
             num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
-            order=upload(self._kernels.decode_order(lens.seqlens_k), self.device) if ordered else None,
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
@@ -108,7 +103,7 @@ class TritonBackend(BaseAttnBackend):
         if meta.is_decode:
             return self._kernels.decode_attention(
                 q, k_slots, v_slots, self.page_table, meta.table_idx, meta.seq_lens, self.scale, meta.num_splits,
-                mid_o=meta.mid_o, mid_lse=meta.mid_lse, order=meta.order, **scales,
+                mid_o=meta.mid_o, mid_lse=meta.mid_lse, **scales,
             )
         return self._kernels.prefill_attention(
             q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
@@ -126,7 +121,6 @@ class TritonBackend(BaseAttnBackend):
             cu_seqlens_q=torch.arange(max_bs + 1, **i32),
             mid_o=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, self.head_dim, **f32),
             mid_lse=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, **f32),
-            order=torch.arange(max_bs, **i32),
         )
 
     def prepare_for_capture(self, batch: Batch) -> None:
@@ -140,7 +134,6 @@ class TritonBackend(BaseAttnBackend):
         batch.attn_metadata = TritonMetadata(
             cu_seqlens_q=cap.cu_seqlens_q[: bs + 1], seq_lens=cap.seq_lens[:bs], table_idx=cap.table_idx[:bs],
             max_seqlen_q=1, num_splits=self._num_splits(bs), mid_o=cap.mid_o[:bs], mid_lse=cap.mid_lse[:bs],
-            order=None if ENV.DISABLE_DECODE_ORDER.value else cap.order[:bs],
         )
 
     def prepare_for_replay(self, batch: Batch) -> None:
@@ -150,6 +143,4 @@ class TritonBackend(BaseAttnBackend):
         bs = batch.padded_size
         cap.table_idx[:bs].copy_(meta.table_idx)
         cap.seq_lens[:bs].copy_(meta.seq_lens)
-        if meta.order is not None:
-            cap.order[:bs].copy_(meta.order)
 

@@ -102,17 +102,15 @@ _DECODE_UNSPECIALISED = ["num_splits"]
 
 @triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
 def _decode_split_kernel(
-    Q, K, V, PageTable, TableIdx, SeqLens, Order, MidO, MidLse, Out,
+    Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    WHOLE_BLOCKS: tl.constexpr, ORDERED: tl.constexpr,
+    WHOLE_BLOCKS: tl.constexpr,
 ):
     b = tl.program_id(0)
-    if ORDERED:  # programs launch in `Order`'s order of rows (longest sequence first, see decode_order)
-        b = tl.load(Order + b)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
@@ -352,29 +350,20 @@ def decode_launch(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int
     return DECODE_BLOCK_N, DECODE_NUM_WARPS, DECODE_NUM_STAGES
 
 
-def decode_order(seq_lens_host: torch.Tensor) -> torch.Tensor:
-    """The decode programs' launch order: batch rows by decreasing sequence length (host, int32). A decode step's
-    programs take time in proportion to their sequence's length; launched in batch order, the last wave can hold a
-    long sequence that then runs alone on its SM while the others idle. Longest first, the last wave is short ones
-    (longest-processing-time-first scheduling)."""
-    return torch.argsort(seq_lens_host, descending=True, stable=True).to(torch.int32)
-
-
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None, cuda_stages: int | None = None,
-    cuda_heads_first: bool | None = None, order: torch.Tensor | None = None,
+    cuda_heads_first: bool | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
     v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
     / ``mid_lse`` [B', Hq, S'] fp32 scratch may be passed in (fixed buffers for CUDA graphs). block_n / num_warps /
     num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks) and so pick the Triton
     kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``); ``cuda_stages`` and
-    ``cuda_heads_first`` override DECODE_FP8_CUDA_STAGES and DECODE_FP8_CUDA_HEADS_FIRST there. ``order`` [B] int32:
-    the rows in the order their programs launch (``decode_order``); the result is the same in any order."""
+    ``cuda_heads_first`` override DECODE_FP8_CUDA_STAGES and DECODE_FP8_CUDA_HEADS_FIRST there."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -408,17 +397,16 @@ def decode_attention(
     if cuda is not None:
         cuda.decode_fp8(q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
                         sm_scale * k_scale * LOG2E, v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
-                        DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first,
-                        order if order is not None else seq_lens.new_empty(0))
+                        DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first)
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, page_table, table_idx, seq_lens, seq_lens if order is None else order, mo, ml, out,
+            q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
             sm_scale * k_scale * LOG2E, v_scale, num_splits,
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
             DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), ORDERED=order is not None, **launch,
+            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), **launch,
         )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](

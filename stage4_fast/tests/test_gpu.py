@@ -161,8 +161,7 @@ def test_triton_attention_reads_an_fp8_cache_at_qwen3_shape(kv):
 def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
     """The hand-written fp8 decode kernel (csrc/decode_fp8.cu) against the fp32 reference over ``stored * scale``:
     lengths on and around its 16-key tiles and 64-key warp rounds, more splits than a short sequence has keys (empty
-    splits), every GQA group it takes, bf16 and fp16 queries, every shared-memory depth and grid order it builds,
-    programs launched in batch order and longest sequence first (the same result, bit for bit).
+    splits), every GQA group it takes, bf16 and fp16 queries, every shared-memory depth and grid order it builds.
     Bound: the output is rounded to the queries' dtype
     (bf16: 2^-8 relative) after fp16 products (queries and probabilities rounded to 2^-11): 1e-2, where the Triton
     kernel's test above allows 3e-2."""
@@ -184,14 +183,10 @@ def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
         if ta.cuda_fp8_decode_module(q, k, pt) is None:
             pytest.skip("the CUDA fp8 decode kernel needs sm_89+ and the JIT-built extension")
         ref = paged_attention_ref(q, k, v, pt, tidx, cu, lens, d**-0.5, k_scale=0.5, v_scale=2.0).float()
-        order = ta.decode_order(lens.cpu()).to(CUDA)
         for splits, stages, heads_first in itertools.product((1, 3, 16), (2, 3, 4), (True, False)):
             out = ta.decode_attention(q, k, v, pt, tidx, lens, d**-0.5, splits, k_scale=0.5, v_scale=2.0,
                                       cuda_stages=stages, cuda_heads_first=heads_first)
             torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
-            ordered = ta.decode_attention(q, k, v, pt, tidx, lens, d**-0.5, splits, k_scale=0.5, v_scale=2.0,
-                                          cuda_stages=stages, cuda_heads_first=heads_first, order=order)
-            assert torch.equal(ordered, out)
 
 
 # ---- backends with the real libraries ------------------------------------------------------------------------------

@@ -68,26 +68,6 @@ def test_decode_whole_block_loop_equals_the_masked_loop(monkeypatch, num_splits)
     torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-6)
 
 
-def test_decode_order_is_longest_first():
-    from stage4_fast.kernel.triton_attention import decode_order
-
-    order = decode_order(torch.tensor([5, 40, 1, 40, 9], dtype=torch.int32))
-    assert order.dtype == torch.int32 and order.tolist() == [1, 3, 4, 0, 2]  # ties keep batch order
-
-
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_in_any_launch_order_gives_the_same_result(num_splits):
-    """Launched longest sequence first, each program still reads and writes its own row: the output is the one of
-    batch order, exactly."""
-    from stage4_fast.kernel.triton_attention import decode_order
-
-    gen, k, v, pt, tidx, lens = _paged_setup(5, [3, 50, 17, 64, 1, 33], 2, 32)
-    q = torch.randn(len(lens), 4, 32, generator=gen)
-    plain = decode_attention(q, k, v, pt, tidx, lens, 32**-0.5, num_splits)
-    ordered = decode_attention(q, k, v, pt, tidx, lens, 32**-0.5, num_splits, order=decode_order(lens))
-    assert torch.equal(ordered, plain)
-
-
 def test_decode_writes_into_given_scratch_and_output():
     """Under a CUDA graph the scratch and output are fixed buffers: the kernel must use the ones passed in."""
     gen, k, v, pt, tidx, lens = _paged_setup(2, [7, 30], 2, 32)
@@ -227,18 +207,14 @@ def test_fp8_decode_routes_to_the_cuda_kernel_where_it_applies(monkeypatch):
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
     ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 3, k_scale=0.5, v_scale=2.0)
     (args,) = cuda.calls
-    scale_log2, v_scale, splits, stages, heads_first, order = args[-6:]
+    scale_log2, v_scale, splits, stages, heads_first = args[-5:]
     assert scale_log2 == pytest.approx(0.25 * 0.5 * ta.LOG2E) and v_scale == 2.0 and splits == 3
     assert stages == ta.DECODE_FP8_CUDA_STAGES and heads_first == ta.DECODE_FP8_CUDA_HEADS_FIRST
-    assert order.numel() == 0  # no launch order asked: batch order
     assert args[6].shape[2] >= 3 and len(combine.calls) == 1 and not split_kernel.calls
     ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 1)  # one split: output written directly, no merge
     assert len(cuda.calls) == 2 and len(combine.calls) == 1
     ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 3, block_n=64)
     assert len(cuda.calls) == 2 and len(split_kernel.calls) == 1
-    launch_order = ta.decode_order(lens)  # a launch order reaches the kernel as given
-    ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 3, order=launch_order)
-    assert cuda.calls[-1][-1] is launch_order
 
 
 def test_the_cuda_fp8_kernel_splits_only_small_batches(monkeypatch):

@@ -102,11 +102,11 @@ void indexing(torch::Tensor weights, torch::Tensor indices, torch::Tensor output
 // Split-K decode attention over an fp8 pool (decode_fp8.cu). q [B, Hq, 128] fp16/bf16; k_cache / v_cache
 // [slots, Hkv, 128] fp8 with contiguous rows; page_table [rows, width] int32 (width a multiple of 4); table_idx /
 // seq_lens [B] int32. One split writes `out`; more write mid_o [B, Hq, S', 128] / mid_lse [B, Hq, S'] (fp32) for the
-// merge kernel. order: empty, or [B] int32, the rows in the order their programs launch (a permutation of 0..B-1).
+// merge kernel.
 void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
                 torch::Tensor table_idx, torch::Tensor seq_lens, torch::Tensor mid_o, torch::Tensor mid_lse,
                 torch::Tensor out, double scale_log2, double v_scale, int64_t num_splits, int64_t stages,
-                bool heads_first, torch::Tensor order) {
+                bool heads_first) {
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(1);
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(2) == 1, "q must be [B, Hq, D] with contiguous rows");
@@ -129,9 +129,6 @@ void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, t
               "page_table must be int32 with rows of a multiple of 4 entries");
   TORCH_CHECK(table_idx.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt, "table_idx/seq_lens int32");
   TORCH_CHECK(num_splits >= 1, "num_splits must be positive");
-  TORCH_CHECK(order.numel() == 0 || (order.scalar_type() == at::kInt && order.is_cuda() && order.numel() >= batch &&
-                                     order.stride(0) == 1),
-              "order must be empty or [B] int32 on the GPU");
   TORCH_CHECK(stages >= 2 && stages <= 4, "stages must be 2, 3 or 4");
   const bool direct = num_splits == 1;
   if (!direct) {
@@ -147,7 +144,6 @@ void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, t
   args.page_table = page_table.data_ptr<int32_t>();
   args.table_idx = table_idx.data_ptr<int32_t>();
   args.seq_lens = seq_lens.data_ptr<int32_t>();
-  args.order = order.numel() ? order.data_ptr<int32_t>() : nullptr;
   args.out = out.data_ptr();
   args.stride_qb = q.stride(0);
   args.stride_qh = q.stride(1);

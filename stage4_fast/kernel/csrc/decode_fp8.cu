@@ -272,8 +272,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) decode_fp8
   const int t = lane & 3;   // the thread in the group: K dims 32t .., query heads 2t and 2t + 1, V positions 4t ..
   // heads first: the programs of one sequence's KV heads start together and read the same token rows (128 bytes
   // each of a row's 1 KB) at about the same time
-  const int slot = a.heads_first ? blockIdx.y : blockIdx.x;
-  const int b = a.order != nullptr ? a.order[slot] : slot;
+  const int b = a.heads_first ? blockIdx.y : blockIdx.x;
   const int kv_head = a.heads_first ? blockIdx.x : blockIdx.y;
   const int split = blockIdx.z;
 

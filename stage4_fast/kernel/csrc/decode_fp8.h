@@ -12,9 +12,6 @@ struct DecodeFp8Args {
   const int32_t* page_table;
   const int32_t* table_idx;
   const int32_t* seq_lens;
-  // nullptr, or the batch rows in launch order (longest sequence first): the programs of the longest sequences start
-  // in the first wave, so the last wave is short ones and no SM is left finishing one long sequence alone
-  const int32_t* order;
   float* mid_o;
   float* mid_lse;
   void* out;
