@@ -21,7 +21,7 @@ class DecodeManager:
         if reqs is self._decode_list and len(reqs) == len(self.running_reqs):
             # the decode batch handed out last, and nothing left the running set since: the batch IS the running
             # set, in its order, so one pass over it (not over both) gives the same dict
-            self.running_reqs = {r: None for r in reqs if r.device_len < r.max_device_len}
+            self.running_reqs = {r: None for r in reqs if r.can_decode}
             return
         self.running_reqs = dict.fromkeys(r for r in chain(self.running_reqs, reqs) if r.can_decode)
 

@@ -276,7 +276,7 @@ class Scheduler(SchedulerIOMixin):
     @staticmethod
     def _length_finished(batch: Batch) -> Sequence[bool]:
         # right after complete_one: can_decode is False exactly when this batch's token is the last one allowed
-        return [req.device_len >= req.max_device_len for req in batch.reqs]
+        return [not req.can_decode for req in batch.reqs]
 
     def _process_last_data(self, last_data: ForwardData | None) -> None:
         if last_data is None:
@@ -492,5 +492,5 @@ def _make_write_tuple(batch: Batch, device: torch.device) -> Tuple[torch.Tensor,
     # The sampled token's position is device_len before the forward. A chunk's token is junk: it goes to the last
     # column of its own row, which is never read before the request overwrites it (as upstream).
     rows = int_tensor([r.table_idx for r in batch.reqs], torch.int64)
-    cols = int_tensor([r.device_len if r.device_len < r.max_device_len else -1 for r in batch.reqs], torch.int64)
+    cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
     return to_device(rows, device), to_device(cols, device)

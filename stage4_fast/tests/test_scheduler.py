@@ -281,3 +281,23 @@ def test_offline_llm_on_cpu_keeps_the_default_prefill_budget(tiny_model):
         assert llm.config.max_extend_tokens == 64
     finally:
         llm.shutdown()
+
+
+def test_a_prompt_chunks_sampled_token_goes_to_the_last_column():
+    """A non-final chunk samples a token nobody reads: it is written to the last column of its row (-1), never to
+    the position where the next chunk's first prompt token goes (with overlap scheduling that write can land after
+    the next chunk's prompt was copied in, and it would replace a prompt token)."""
+    from stage4_fast.core import Batch, Req, SamplingParams
+    from stage4_fast.scheduler.prefill import ChunkedReq
+    from stage4_fast.scheduler.scheduler import Scheduler, _make_write_tuple
+
+    ids = torch.arange(10, dtype=torch.int32)
+    chunk = ChunkedReq(input_ids=ids[:6], table_idx=3, cached_len=0, output_len=4, uid=1,
+                       sampling_params=SamplingParams())
+    whole = Req(input_ids=ids, table_idx=5, cached_len=6, output_len=4, uid=2, sampling_params=SamplingParams())
+    batch = Batch(reqs=[chunk, whole], phase="prefill")
+    rows, cols = _make_write_tuple(batch, torch.device("cpu"))
+    assert rows.tolist() == [3, 5] and cols.tolist() == [-1, 10]
+    for req in batch.reqs:
+        req.complete_one()
+    assert Scheduler._length_finished(batch) == [True, False]  # the chunk produces no token to continue from
