@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from itertools import chain
-from typing import Dict, List
+from typing import Dict, Iterable
 
 from ..core import Batch, Req
 
@@ -14,16 +13,13 @@ class DecodeManager:
         # An insertion-ordered dict used as a set (upstream: a set, iterated in memory-address order), so the
         # order of requests in a decode batch is the same on every run.
         self.running_reqs: Dict[Req, None] = {}
-        self._decode_list: List[Req] | None = None  # the request list of the decode batch handed out last
 
-    def filter_reqs(self, reqs: List[Req]) -> None:
+    def filter_reqs(self, reqs: Iterable[Req]) -> None:
         """After a launch: add the batch's requests, and drop every request that has produced its last token."""
-        if reqs is self._decode_list and len(reqs) == len(self.running_reqs):
-            # the decode batch handed out last, and nothing left the running set since: the batch IS the running
-            # set, in its order, so one pass over it (not over both) gives the same dict
-            self.running_reqs = {r: None for r in reqs if r.can_decode}
-            return
-        self.running_reqs = dict.fromkeys(r for r in chain(self.running_reqs, reqs) if r.can_decode)
+        running = {r: None for r in self.running_reqs if r.can_decode}
+        # a prefill batch's requests join; a decode batch's are the running set itself, judged once above
+        running.update((r, None) for r in reqs if r not in self.running_reqs and r.can_decode)
+        self.running_reqs = running
 
     def remove_req(self, req: Req) -> None:
         self.running_reqs.pop(req, None)
@@ -44,8 +40,7 @@ class DecodeManager:
     def schedule_next_batch(self) -> Batch | None:
         if not self.running_reqs:
             return None
-        self._decode_list = list(self.running_reqs)
-        return Batch(reqs=self._decode_list, phase="decode")
+        return Batch(reqs=list(self.running_reqs), phase="decode")
 
     @property
     def runnable(self) -> bool:

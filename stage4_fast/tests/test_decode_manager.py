@@ -1,6 +1,6 @@
-"""The running set after a launch (scheduler/decode.py, DecodeManager.filter_reqs): a decode batch that is still the
-running set takes a one-pass path; any other batch, or a running set that changed since the batch was formed, the
-general one. Both must give the same set, in the same order."""
+"""The running set after a launch (scheduler/decode.py, DecodeManager.filter_reqs): the running set judged once, then
+the batch's requests that were not in it. It must be the set (and order) of the union filtered, as before: running
+requests first, then those that join."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_a_decode_batch_drops_what_finished_and_keeps_the_order() -> None:
     assert [r.uid for r in dm.running_reqs] == [0, 3]
 
 
-def test_the_one_pass_path_gives_what_the_general_one_gives() -> None:
+def test_the_filter_gives_the_filtered_union() -> None:
     rng = random.Random(0)
     dm = DecodeManager(page_size=1)
     reqs = [_req(uid, rng.randint(1, 12)) for uid in range(40)]
@@ -49,14 +49,14 @@ def test_the_one_pass_path_gives_what_the_general_one_gives() -> None:
         assert list(dm.running_reqs) == general
 
 
-def test_a_batch_that_is_no_longer_the_running_set_takes_the_general_path() -> None:
+def test_a_batch_that_is_no_longer_the_running_set_still_gives_the_union() -> None:
     dm = DecodeManager(page_size=1)
     reqs = [_req(uid, 5) for uid in range(3)]
     _launch(reqs)
     dm.filter_reqs(reqs)
     batch = dm.schedule_next_batch()
     assert batch is not None
-    dm.remove_req(reqs[1])  # the running set changed after the batch was formed
+    dm.remove_req(reqs[1])  # the running set changed after the batch was formed (the batch still holds it)
     _launch(batch.reqs)
     dm.filter_reqs(batch.reqs)
     assert [r.uid for r in dm.running_reqs] == [0, 2, 1]  # running set first, then the batch's others
