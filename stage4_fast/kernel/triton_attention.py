@@ -7,8 +7,10 @@ request's KV never has to be contiguous and nothing is gathered on the host.
   KV head (GQA packing, so each K/V row is read once per KV head) and one slice of the sequence (split-K, so a
   small batch still fills the GPU); a second kernel merges the slices by their log-sum-exp. The number of
   splits depends only on the batch size, so a CUDA graph captured for one batch size replays with any lengths.
-* prefill (extend): ragged queries with a cached prefix, causal. Grid (batch, q_head, query block); query row i
-  of request b sits at position ``seq_len - extend_len + i`` and sees keys up to that position.
+* prefill (extend): ragged queries with a cached prefix, causal. Grid (batch, kv_head, query block): a program's
+  rows are a block of query tokens times the KV head's query heads (GQA packing again); query token i of request
+  b sits at position ``seq_len - extend_len + i`` and sees keys up to that position, so the key blocks before
+  the block's first token run unmasked and only those the diagonal crosses are masked.
 
 An fp8 pool (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) is read as it is stored: the kernels load the fp8
 rows (half the bytes of bf16, which is what a decode step is bound by) and convert them to the query's dtype in
@@ -200,11 +202,15 @@ def _prefill_kernel(
     Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
     sm_scale, v_scale,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
 ):
+    """One program per (request, KV head, block of BLOCK_M query tokens): its rows are the block's tokens x the
+    KV head's GROUP query heads (token-major, GROUP_P2 rows per token, the padding rows masked), so every K/V row
+    it loads serves the whole group. Key blocks below the causal diagonal, which every row sees, run unmasked;
+    the blocks the diagonal crosses are masked."""
     b = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     m_block = tl.program_id(2)
     q_start = tl.load(CuSeqlensQ + b)
     q_len = tl.load(CuSeqlensQ + b + 1) - q_start
@@ -213,24 +219,35 @@ def _prefill_kernel(
     seq_len = tl.load(SeqLens + b)
     prefix = seq_len - q_len
     row = tl.load(TableIdx + b).to(tl.int64)
-    kv_head = head // GROUP
 
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    ROWS: tl.constexpr = BLOCK_M * GROUP_P2
+    offs_r = tl.arange(0, ROWS)
+    offs_m = m_block * BLOCK_M + offs_r // GROUP_P2  # the row's query token within the request
+    head = kv_head * GROUP + offs_r % GROUP_P2
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    m_mask = offs_m < q_len
+    r_mask = (offs_m < q_len) & (offs_r % GROUP_P2 < GROUP)
     d_mask = offs_d < HEAD_DIM
     tokens = (q_start + offs_m).to(tl.int64)
-    q = tl.load(Q + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_ptrs = tokens[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(Q + q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
     if FP16_DOTS:
         q = q.to(tl.float16)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    # keys up to the block's first token's position are seen by every row: whole blocks of them run unmasked
+    seen_by_all = prefix + m_block * BLOCK_M + 1
+    full_end = seen_by_all // BLOCK_N * BLOCK_N
+    for n0 in range(0, full_end, BLOCK_N):
+        pos = n0 + offs_n
+        acc, m_i, l_i = _attend_key_block(
+            q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False,
+        )
     end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)  # the causal horizon of this query block
-    for n0 in range(0, end, BLOCK_N):
+    for n0 in range(full_end, end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < end
         visible = n_mask[None, :] & (pos[None, :] <= (prefix + offs_m)[:, None])  # key 0: every row sees one
@@ -239,8 +256,8 @@ def _prefill_kernel(
             stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
         )
     out = acc / l_i[:, None] * v_scale
-    tl.store(Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(Out + tokens[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
 def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
@@ -416,13 +433,31 @@ def decode_attention(
     return out
 
 
+# Launch parameters of the prefill kernel on a GPU: query rows per program (tokens x the group's heads), key block,
+# warps, stages; from `python -m bench prefill-sweep` on the H200 at the offline workload's prefill steps
+PREFILL_ROWS = 128
+PREFILL_BLOCK_N = 64
+PREFILL_NUM_WARPS = 4
+PREFILL_NUM_STAGES = 3
+PREFILL_LAUNCH_FP32 = (64, 64, 4, 3)  # fp32 tiles are twice as large: 64 rows
+
+
+def prefill_launch(q_dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(rows, key block, warps, stages) of the prefill kernel on a GPU for this query dtype."""
+    if q_dtype == torch.float32:
+        return PREFILL_LAUNCH_FP32
+    return PREFILL_ROWS, PREFILL_BLOCK_N, PREFILL_NUM_WARPS, PREFILL_NUM_STAGES
+
+
 def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_seqlen_q: int,
     sm_scale: float, out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+    launch: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] (ragged, ``cu_seqlens_q`` [B+1]); K/V of this step must already be in the cache (q's dtype,
-    or fp8 read as stored value x k_scale / v_scale); seq_lens [B] = cached prefix + extend length."""
+    or fp8 read as stored value x k_scale / v_scale); seq_lens [B] = cached prefix + extend length. ``launch``
+    (rows, key block, warps, stages) overrides ``prefill_launch`` on a GPU (benchmarks)."""
     total, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     batch = table_idx.shape[0]
@@ -431,15 +466,23 @@ def prefill_attention(
         out = torch.empty_like(q)
     if batch == 0 or total == 0:
         return out
-    block_m, block_n = (16, 16) if _interpreting() else (64, 64)
-    grid = (batch, num_qo_heads, triton.cdiv(max_seqlen_q, block_m))
+    group = num_qo_heads // num_kv_heads
+    group_p2 = triton.next_power_of_2(group)
+    if _interpreting():
+        rows, block_n, options = 16, 16, {}
+    else:
+        rows, block_n, num_warps, num_stages = launch or prefill_launch(q.dtype)
+        options = dict(num_warps=num_warps, num_stages=num_stages)
+    rows = max(rows, 16, group_p2)  # tl.dot wants 16 rows or more
+    block_m = rows // group_p2  # query tokens per program
+    grid = (batch, num_kv_heads, triton.cdiv(max_seqlen_q, block_m))
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
         sm_scale * k_scale * LOG2E, v_scale,
-        GROUP=num_qo_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
+        GROUP=group, GROUP_P2=group_p2, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
-        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
+        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), **options,
     )
     return out
