@@ -10,6 +10,7 @@ commands:
   gemv-sweep     the one-token Triton GEMV against cuBLAS at the model's linear shapes (GPU)
   gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and a split-K Triton GEMM at the model's shapes (GPU)
   layer-chain    a decode layer's kernels in a graph: what L2 weight prefetch and dependent launch save (GPU)
+  microbatch     a decode step as two half batches on two streams: GEMMs beside the other half's attention (GPU)
   prefill-sweep  the Triton prefill attention kernel's launch parameters at the workload's prefill steps (GPU)
   kv-accuracy    what a bf16 / fp8 KV cache costs in accuracy against a full-precision one (stage4)
   tp             TP 1 vs TP 2: fp32 equality with HF, bf16 agreement and throughput (2 GPUs)
@@ -30,6 +31,7 @@ import sys
 COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker",
             "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep",
             "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep", "layer-chain": "gpu_layer_chain",
+            "microbatch": "gpu_microbatch",
             "prefill-sweep": "gpu_prefill_sweep",
             "kv-accuracy": "kv_accuracy",
             "tp": "gpu_tp", "tp-logits": "gpu_tp_logits", "api-costs": "api_costs", "api-host": "api_host",
