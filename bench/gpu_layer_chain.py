@@ -37,12 +37,12 @@ from .gpu_gemv_sweep import LAYERS
 
 HIDDEN, INTER, QKV, ATTN_OUT = 1024, 3072, 4096, 2048
 SCRUB_BYTES = 64 << 20  # more than the H200's 50 MB L2: the stand-in attention leaves nothing of the weights there
-LINE_ELEMS = 64  # 128-byte L2 lines of bf16
 
 
 @triton.jit
 def _prefetch_slice(P, total, pid, programs, LINES: tl.constexpr):
-    """Program ``pid`` of ``programs`` asks the L2 for its share of the ``total`` elements at P (128-byte lines)."""
+    """Program ``pid`` of ``programs`` asks the L2 for its share of the ``total`` bf16 elements at P, one
+    ``prefetch`` per 128-byte line (64 elements)."""
     per_program = tl.cdiv(tl.cdiv(total, 64), programs) * 64
     start = pid * per_program
     for off in range(0, per_program, LINES * 64):
