@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from typing import Callable
 
 import torch
 
@@ -33,16 +34,21 @@ SHAPES = {"qkv": (4096, 1024, "normed"), "o": (1024, 2048, "plain"), "gate_up": 
 LAYERS = 28  # the cold weights: one matrix per layer of the 0.6B shape
 
 
-def graph_us(fn, calls: int = 50, replays: int = 5) -> float:
-    """Device time per call of ``fn(i)`` (i = the call's index) captured ``calls`` times in one CUDA graph."""
-    for i in range(3):
-        fn(i)
+def capture_graph(run: Callable[[], None], warmup: int = 2) -> torch.cuda.CUDAGraph:
+    """``run`` called ``warmup`` times (compiles, allocator), then captured in one CUDA graph."""
+    for _ in range(warmup):
+        run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
+        run()
+    return graph
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int, warmup: int = 3) -> float:
+    """Device time per replay of ``graph``, in ms (after ``warmup`` untimed replays)."""
+    for _ in range(warmup):
+        graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -50,7 +56,15 @@ def graph_us(fn, calls: int = 50, replays: int = 5) -> float:
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (calls * replays)
+    return start.elapsed_time(end) / replays
+
+
+def graph_us(fn, calls: int = 50, replays: int = 5) -> float:
+    """Device time per call of ``fn(i)`` (i = the call's index) captured ``calls`` times in one CUDA graph."""
+    for i in range(3):
+        fn(i)
+    graph = capture_graph(lambda: [fn(i) for i in range(calls)], warmup=0)
+    return replay_ms(graph, replays, warmup=1) * 1e3 / calls
 
 
 def sweep_shape(n: int, k: int, kind: str, cold: bool, grid: list[list[int]], dev: str = "cuda",

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from . import meta
-from .gpu_gemv_sweep import LAYERS
+from .gpu_gemv_sweep import LAYERS, capture_graph, replay_ms
 
 HIDDEN, INTER, QKV, ATTN_OUT = 1024, 3072, 4096, 2048
 SCRUB_BYTES = 64 << 20  # more than the H200's 50 MB L2: the stand-in attention leaves nothing of the weights there
@@ -157,22 +157,8 @@ class Chain:
 
 
 def graph_layer_us(run: Callable[[], None], replays: int = 20) -> float:
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * LAYERS)
+    """Device time per layer of ``run`` (the 28 layers) captured in one CUDA graph."""
+    return replay_ms(capture_graph(run), replays) * 1e3 / LAYERS
 
 
 def scrub_only_us(chain: Chain) -> float:

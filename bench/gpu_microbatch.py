@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import meta
+from .gpu_gemv_sweep import capture_graph, replay_ms
 
 HIDDEN, INTER, HQ, HKV, D, LAYERS, VOCAB = 1024, 3072, 16, 8, 128, 28, 151936
 
@@ -108,26 +109,7 @@ def capture(step: DecodeStep, mode: str, out: torch.Tensor) -> torch.cuda.CUDAGr
             step.forward(0, half, out)
             main.wait_stream(side)
 
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph
-
-
-def time_ms(graph: torch.cuda.CUDAGraph, replays: int = 10) -> float:
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
+    return capture_graph(run)
 
 
 MODES = ("one", "halves", "overlap")
@@ -151,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         times: Dict[str, List[float]] = {m: [] for m in MODES}
         for _ in range(args.rounds):
             for m in MODES:
-                times[m].append(time_ms(graphs[m]))
+                times[m].append(replay_ms(graphs[m], replays=10))
         agree = {m: float((outs[m] == outs["one"]).float().mean().item()) for m in MODES}
         best = {m: min(t) for m, t in times.items()}
         results[str(rows)] = {"ms_per_step": best, "all_rounds": times, "token_agreement_with_one": agree}
