@@ -129,7 +129,8 @@ def draw_by_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
 
 
 def _uses_api_fields(p: SamplingParams) -> bool:
-    """Whether a request needs any of _prepare_api_fields' tensors (a grammar is asked of the backend instead)."""
+    """Whether a request asks for any of the fields _prepare_api_fields builds tensors for (logit bias,
+    penalties, logprobs; a grammar is asked of the backend instead): a field added there is added here."""
     return bool(p.logit_bias) or p.logprobs is not None or p.has_penalty
 
 
@@ -150,9 +151,7 @@ class Sampler:
             args = BatchSamplingArgs(temperatures=None)
         else:
             args = self._prepare_random(batch, params)
-        grammar = self.grammar
-        if (grammar is not None and grammar.active) or any(_uses_api_fields(p) for p in params):
-            self._prepare_api_fields(batch, args, token_pool)  # (a plain batch skips its per-request passes)
+        self._prepare_api_fields(batch, args, token_pool)
         return args
 
     def _prepare_random(self, batch: Batch, params: List) -> BatchSamplingArgs:
@@ -173,6 +172,10 @@ class Sampler:
         return args
 
     def _prepare_api_fields(self, batch: Batch, args: BatchSamplingArgs, token_pool: torch.Tensor | None) -> None:
+        grammar = self.grammar
+        grammar_on = grammar is not None and grammar.active
+        if not grammar_on and not any(_uses_api_fields(req.sampling_params) for req in batch.reqs):
+            return  # a plain batch (the common case): none of the passes below would find anything
         # A chunk of a prompt (can_decode is False before its forward) samples a token nobody reads: it gets no
         # bias, penalty, mask or logprob.
         sampled = [(i, req) for i, req in enumerate(batch.reqs) if req.can_decode]
@@ -186,8 +189,7 @@ class Sampler:
         if penalised:
             assert token_pool is not None, "penalties read the token pool"
             args.penalties = self._penalty_args(penalised)
-        grammar = self.grammar
-        if grammar is not None and grammar.active and any(grammar.has(req.uid) for _, req in sampled):
+        if grammar_on and any(grammar.has(req.uid) for _, req in sampled):
             # the mask itself waits for fill_grammar_mask: it needs the matchers to have seen the previous token
             args.grammar_uids = [req.uid if req.can_decode else None for req in batch.reqs]
         args.logprobs = self._logprob_args(batch)

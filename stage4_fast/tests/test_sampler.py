@@ -162,3 +162,19 @@ def test_inverse_cdf_draw_never_returns_a_zero_probability_token():
     uniforms = torch.tensor([0.0, 0.25, 0.5, 0.75, 1 - 2**-53], dtype=torch.float64)
     assert draw_by_inverse_cdf(probs, uniforms).tolist() == [1, 1, 3, 3, 3]
     assert draw_by_inverse_cdf(probs * 7, uniforms).tolist() == [1, 1, 3, 3, 3]
+
+
+def test_a_plain_batch_skips_the_api_fields_and_each_field_still_counts():
+    """prepare() skips the API fields' passes for a batch where no request asks for one; each field alone, beside
+    plain requests, must still get its tensors (a field the shortcut did not know would be silently dropped)."""
+    sampler = _sampler()
+    plain = sampler.prepare(_batch([SamplingParams(), SamplingParams(temperature=0.7)]), torch.zeros(4, 8))
+    assert (plain.logit_bias, plain.penalties, plain.logprobs, plain.grammar_uids, plain.token_pool) == (None,) * 5
+    asks = {
+        "logit_bias": SamplingParams(logit_bias=((3, 2.0),)),
+        "penalties": SamplingParams(presence_penalty=0.5),
+        "logprobs": SamplingParams(logprobs=2),
+    }
+    for field, params in asks.items():
+        args = sampler.prepare(_batch([SamplingParams(), params]), torch.zeros(4, 8, dtype=torch.int32))
+        assert getattr(args, field) is not None, field
