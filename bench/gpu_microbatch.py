@@ -63,7 +63,6 @@ class DecodeStep:
         self.seq_lens = torch.full((rows,), kv_len, device=dev, dtype=torch.int32)
         self.x0 = rand(rows, HIDDEN, scale=1.0)
         self.res0 = rand(rows, HIDDEN, scale=1.0)
-        self.scratch: Dict[int, tuple] = {}
 
     def _splits(self, rows: int) -> int:
         cuda = self.ta.cuda_fp8_decode_applies(torch.bfloat16, self.k_cache[0].dtype, D, HQ // HKV,
