@@ -66,6 +66,7 @@ class LLM(Scheduler):
         if kwargs.get("nnodes", 1) != 1:
             raise ValueError("the offline LLM runs on one machine; several machines: the server's --nnodes")
         kwargs.setdefault("max_extend_tokens", offline_prefill_tokens())
+        kwargs.setdefault("decode_between_chunks", False)  # nobody reads tokens as they come (scheduler/config.py)
         config = SchedulerConfig(
             model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype, offline_mode=True,
             **tp_config_fields(tp), **kwargs

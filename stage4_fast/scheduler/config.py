@@ -11,6 +11,12 @@ class SchedulerConfig(EngineConfig):
     max_extend_tokens: int = 8192  # prefill tokens per step; a longer prompt is chunked across steps
     cache_type: str = "radix"  # "naive" | "radix"
     offline_mode: bool = False
+    # Right after a chunk of a long prompt, a decode step for the running requests before the next chunk, so that
+    # their tokens keep coming while the prompt goes in (a server's clients are reading them). The offline LLM
+    # turns it off: nobody reads tokens as they come, and each decode step between chunks leaves the GPU idle while
+    # the host finishes one prefill step and prepares the next (bench/gpu_notes.md, section 16). A field, not
+    # offline_mode, because tensor-parallel ranks must schedule alike and only rank 0 is the offline LLM.
+    decode_between_chunks: bool = True
     # Upstream switches overlap scheduling only through MINISGL_DISABLE_OVERLAP_SCHEDULING; a field lets one process
     # hold schedulers of both kinds (tests). The environment variable still turns it off.
     overlap_scheduling: bool = True

@@ -232,8 +232,9 @@ class Scheduler(SchedulerIOMixin):
     def _schedule_next_batch(self) -> ForwardInput | None:
         batch = None
         # Prefill first, as upstream, except right after a chunk when requests are decoding: then chunks and
-        # decode steps alternate, so running requests keep producing tokens while a long prompt goes in.
-        if not (self._last_was_chunk and self.decode_manager.runnable):
+        # decode steps alternate, so running requests keep producing tokens while a long prompt goes in (a server;
+        # offline, chunks go in back to back: config.decode_between_chunks).
+        if not (self._last_was_chunk and self.decode_manager.runnable and self.config.decode_between_chunks):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
             batch = self.decode_manager.schedule_next_batch()

@@ -107,10 +107,9 @@ def _pressured_llm(model):
     return _PRESSURED[model]
 
 
-def test_chunked_prefill_alternates_with_decode(tiny_model):
-    """A 20-token prompt at a budget of 8 goes in as three chunks, and the request already decoding gets a decode
-    step between the chunks instead of waiting for the whole prompt."""
-    llm = make_llm(tiny_model("qwen3"), max_extend_tokens=8, overlap_scheduling=False)
+def _chunked_launches(llm) -> Tuple[List[Tuple[str, List[int], List[bool]]], List[int]]:
+    """A 20-token prompt behind a 3-token one at a budget of 8: every launched batch (phase, uids, chunked flags)
+    and the indices of the long prompt's chunks."""
     launched: List[Tuple[str, List[int], List[bool]]] = []
 
     def record(batch):
@@ -123,8 +122,29 @@ def test_chunked_prefill_alternates_with_decode(tiny_model):
     chunks = [i for i, (phase, uids, _) in enumerate(launched) if phase == "prefill" and 1 in uids]
     assert len(chunks) == 3  # 5 + 8 + 7 tokens (request 0 takes 3 of the first step's 8)
     assert [launched[i][2][-1] for i in chunks] == [True, True, False]
+    return launched, chunks
+
+
+def test_chunked_prefill_alternates_with_decode(tiny_model):
+    """A server's scheduler (decode_between_chunks, the default): the request already decoding gets a decode step
+    between the long prompt's chunks instead of waiting for the whole prompt."""
+    llm = make_llm(tiny_model("qwen3"), max_extend_tokens=8, overlap_scheduling=False, decode_between_chunks=True)
+    launched, chunks = _chunked_launches(llm)
     between = launched[chunks[0] + 1 : chunks[-1]]
     assert any(phase == "decode" and uids == [0] for phase, uids, _ in between)
+
+
+def test_offline_chunks_go_in_back_to_back(tiny_model):
+    """The offline LLM's default: nobody reads tokens as they come, so the chunks run one after another (a decode
+    step between them would leave the GPU waiting on the host) and the outputs are the same."""
+    llm = make_llm(tiny_model("qwen3"), max_extend_tokens=8, overlap_scheduling=False)
+    assert llm.config.decode_between_chunks is False
+    launched, chunks = _chunked_launches(llm)
+    assert chunks == [0, 1, 2]
+    alternating = make_llm(tiny_model("qwen3"), max_extend_tokens=8, decode_between_chunks=True)
+    prompts = [[7, 8, 9], list(range(100, 120))]
+    assert ([o["token_ids"] for o in llm.generate(prompts, greedy(6), use_tqdm=False)]
+            == [o["token_ids"] for o in alternating.generate(prompts, greedy(6), use_tqdm=False)])
 
 
 def test_radix_cache_serves_a_repeated_prefix(tiny_model):
