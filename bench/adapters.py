@@ -219,6 +219,7 @@ SERVER_FLAGS = {  # option -> CLI flag of `python -m <stage>`
     "max_extend_tokens": "--max-prefill-length", "cuda_graph_max_bs": "--cuda-graph-max-bs",
     "attention_backend": "--attention-backend", "kv_cache_dtype": "--kv-cache-dtype",
 }
+SERVER_SWITCHES = {"enable_mixed_chunk": "--enable-mixed-chunk"}  # option -> flag given when the option is true
 
 
 def _free_port() -> int:
@@ -252,6 +253,8 @@ def launch_server(stage: str, model: str, log_path: Path, dtype: str, timeout_s:
                 env["MINISGL_DISABLE_OVERLAP_SCHEDULING"] = "1"
         elif key in SERVER_FLAGS:
             cmd += [SERVER_FLAGS[key], str(value)]
+        elif key in SERVER_SWITCHES:
+            cmd += [SERVER_SWITCHES[key]] if value else []
         else:
             raise TypeError(f"no server flag for option {key!r}")
     url = f"http://127.0.0.1:{port}"

@@ -151,6 +151,9 @@ class Req:
 class Batch:
     reqs: List[Req]
     phase: Literal["prefill", "decode"]
+    # stage 4, mixed chunks: a prefill batch's last `decode_reqs` requests are running ones taking their decode
+    # step in it (one query token each, their KV in the pool: to the forward, prefills with a cached prefix)
+    decode_reqs: int = 0
     # filled by whoever prepares the batch (the scheduler upstream; engine/manual.py here)
     input_ids: torch.Tensor = field(init=False)
     positions: torch.Tensor = field(init=False)
@@ -173,6 +176,12 @@ class Batch:
     @property
     def is_decode(self) -> bool:
         return self.phase == "decode"
+
+    @property
+    def num_prefill_reqs(self) -> int:
+        """The requests this batch prefills (a prompt or a chunk of one): all of a prefill batch but its mixed-in
+        decode requests; none of a decode batch."""
+        return len(self.reqs) - self.decode_reqs if self.is_prefill else 0
 
     @property
     def size(self) -> int:

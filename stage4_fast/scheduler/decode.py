@@ -37,6 +37,12 @@ class DecodeManager:
         them free, since a running request is never preempted."""
         return sum(req.remain_len + self.page_size - 1 for req in self.running_reqs)
 
+    def join(self, batch: Batch) -> None:
+        """Mixed chunks: append the running requests to a prefill batch (after its prefills) for their decode
+        step."""
+        batch.reqs.extend(self.running_reqs)
+        batch.decode_reqs = len(self.running_reqs)
+
     def schedule_next_batch(self) -> Batch | None:
         if not self.running_reqs:
             return None

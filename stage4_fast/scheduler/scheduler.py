@@ -112,6 +112,8 @@ class Scheduler(SchedulerIOMixin):
         self._launched_id = 0  # newest launched batch
         self._done_id = 0  # newest batch whose results were processed (batches complete in launch order)
         self._last_was_chunk = False
+        # mixed chunks (config.enable_mixed_chunk), except for hybrid models (see the config)
+        self.mixed_chunk = config.enable_mixed_chunk and self.engine.config.model_config.linear_attn is None
         # uid -> prompt tokens the prefix cache served, from admission to the first token (reported as usage)
         self._cached_prompt: Dict[int, int] = {}
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
@@ -231,16 +233,23 @@ class Scheduler(SchedulerIOMixin):
     # -- batches ---------------------------------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
         batch = None
+        decoding = self.decode_manager.runnable
+        budget = self.prefill_budget - len(self.decode_manager.running_reqs)
+        if self.mixed_chunk and decoding and budget > 0:
+            # the running requests ride along: their one token each comes out of the prefill budget (a budget they
+            # fill alone falls back to the steps below)
+            if (batch := self.prefill_manager.schedule_next_batch(budget)) is not None:
+                self.decode_manager.join(batch)
         # Prefill first, as upstream, except right after a chunk when requests are decoding: then chunks and
         # decode steps alternate, so running requests keep producing tokens while a long prompt goes in (a server;
         # offline, chunks go in back to back: config.decode_between_chunks).
-        if not (self._last_was_chunk and self.decode_manager.runnable and self.config.decode_between_chunks):
+        elif not (self._last_was_chunk and decoding and self.config.decode_between_chunks):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
             batch = self.decode_manager.schedule_next_batch()
         self._last_was_chunk = batch is not None and batch.is_prefill and isinstance(batch.reqs[-1], ChunkedReq)
         if batch is not None and batch.is_prefill:
-            for req in batch.reqs:  # a request's first chunk starts where its prefix-cache match ended
+            for req in batch.reqs[: batch.num_prefill_reqs]:  # a first chunk starts where its cache match ended
                 self._cached_prompt.setdefault(req.uid, req.cached_len)
                 self.num_prefill_tokens += req.extend_len
         return None if batch is None else self._prepare_batch(batch)
@@ -291,7 +300,7 @@ class Scheduler(SchedulerIOMixin):
         token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
         reply: List[DetokenizeMsg] = []
         # this loop runs for every running request at every step: what it reads is looked up once
-        is_prefill, eos, grammar = batch.is_prefill, self.eos_token_id, self.grammar
+        num_prefill, eos, grammar = batch.num_prefill_reqs, self.eos_token_id, self.grammar
         has_grammar = grammar.active
         with self.cache_manager.lazy_free_region():
             for i, (req, token) in enumerate(zip(batch.reqs, tokens)):
@@ -300,6 +309,7 @@ class Scheduler(SchedulerIOMixin):
                 params = req.sampling_params
                 msg = DetokenizeMsg(req.uid, token, False, skip_special_tokens=params.skip_special_tokens,
                                     logprobs=token_logprobs.get(i) if token_logprobs else None)
+                is_prefill = i < num_prefill
                 if is_prefill:  # the request's first token: report what its prompt cost
                     msg.prompt_tokens = len(req.input_ids)
                     msg.cached_tokens = self._cached_prompt.pop(req.uid, 0)

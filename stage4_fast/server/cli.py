@@ -175,6 +175,9 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--max-prefill-length", "--max-extend-length", "--chunked-prefill-size",
                    "--max-num-batched-tokens", dest="max_extend_tokens", type=_positive_int, default=8192,
                    metavar="TOKENS", help="prefill tokens per step; a longer prompt is prefilled in chunks this size")
+    g.add_argument("--enable-mixed-chunk", action="store_true",
+                   help="running requests take their decode step inside each prefill batch instead of steps of "
+                        "their own between prefill chunks (SGLang's flag)")
     g.add_argument("--cache-type", "--cache", dest="cache_type", default="radix", choices=["naive", "radix"],
                    help="radix = reuse the KV of shared prompt prefixes")
     g.add_argument("--disable-radix-cache", dest="cache_type", action="store_const", const="naive",

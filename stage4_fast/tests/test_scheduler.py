@@ -16,7 +16,7 @@ from stage4_fast.core import SamplingParams
 from stage4_fast.message import AbortBackendMsg
 from stage4_fast.scheduler.prefill import ChunkedReq, PrefillManager
 
-from .helpers import assert_pool_accounted, greedy, make_llm, watch_batches
+from .helpers import ReplyRecorder, assert_pool_accounted, greedy, make_llm, watch_batches
 
 
 def workload(seed: int, n: int = 10) -> Tuple[List[List[int]], List[int]]:
@@ -42,13 +42,14 @@ def reference(tiny_model):
     return run
 
 
-CONFIGS = list(itertools.product(["radix", "naive"], [1, 4], [True, False], [8, 8192]))
+CONFIGS = list(itertools.product(["radix", "naive"], [1, 4], [True, False], [8, 8192], [False, True]))
 
 
-@pytest.mark.parametrize("cache_type,page_size,overlap,chunk", CONFIGS)
-def test_small_pool_outputs_and_accounting(tiny_model, reference, cache_type, page_size, overlap, chunk):
+@pytest.mark.parametrize("cache_type,page_size,overlap,chunk,mixed", CONFIGS)
+def test_small_pool_outputs_and_accounting(tiny_model, reference, cache_type, page_size, overlap, chunk, mixed):
     """Three request slots and a pool far smaller than the demand: requests queue, the cache evicts, and still
-    every output equals the plain run and every page and slot comes back."""
+    every output equals the plain run and every page and slot comes back (running requests in steps of their own
+    or, mixed, inside the prefill batches)."""
     prompts, max_tokens = workload(seed=1)
     llm = make_llm(
         tiny_model("qwen3"),
@@ -58,6 +59,7 @@ def test_small_pool_outputs_and_accounting(tiny_model, reference, cache_type, pa
         max_extend_tokens=chunk,
         max_running_req=3,
         num_page_override=96 // page_size,
+        enable_mixed_chunk=mixed,
     )
     assert sum(len(p) + n for p, n in zip(prompts, max_tokens)) > 96
     expected = reference(prompts, max_tokens)
@@ -67,13 +69,15 @@ def test_small_pool_outputs_and_accounting(tiny_model, reference, cache_type, pa
         assert_pool_accounted(llm)
 
 
+@pytest.mark.parametrize("mixed", [False, True])
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 10_000), abort_at=st.integers(0, 40), abort_uid=st.integers(0, 9))
-def test_pool_accounting_after_random_workloads_with_an_abort(tiny_model, reference, seed, abort_at, abort_uid):
+def test_pool_accounting_after_random_workloads_with_an_abort(tiny_model, reference, mixed, seed, abort_at,
+                                                              abort_uid):
     """Any workload, with one abort delivered at a random step: the aborted request reports it, every other output
     equals the plain run, and the pool is whole afterwards."""
     prompts, max_tokens = workload(seed)
-    llm = _pressured_llm(tiny_model("qwen3"))
+    llm = _pressured_llm(tiny_model("qwen3"), mixed)
     steps = itertools.count()
     inner = llm.receive_msg
 
@@ -98,13 +102,14 @@ def test_pool_accounting_after_random_workloads_with_an_abort(tiny_model, refere
 _PRESSURED: dict = {}
 
 
-def _pressured_llm(model):
+def _pressured_llm(model, mixed: bool = False):
     # one engine for all hypothesis examples (state carried between workloads is part of what is tested)
-    if model not in _PRESSURED:
-        _PRESSURED[model] = make_llm(
-            model, page_size=4, max_running_req=3, max_extend_tokens=8, num_page_override=24, cache_type="radix"
+    if (model, mixed) not in _PRESSURED:
+        _PRESSURED[model, mixed] = make_llm(
+            model, page_size=4, max_running_req=3, max_extend_tokens=8, num_page_override=24, cache_type="radix",
+            enable_mixed_chunk=mixed,
         )
-    return _PRESSURED[model]
+    return _PRESSURED[model, mixed]
 
 
 def _chunked_launches(llm) -> Tuple[List[Tuple[str, List[int], List[bool]]], List[int]]:
@@ -145,6 +150,30 @@ def test_offline_chunks_go_in_back_to_back(tiny_model):
     prompts = [[7, 8, 9], list(range(100, 120))]
     assert ([o["token_ids"] for o in llm.generate(prompts, greedy(6), use_tqdm=False)]
             == [o["token_ids"] for o in alternating.generate(prompts, greedy(6), use_tqdm=False)])
+
+
+def test_mixed_chunks_carry_the_running_requests(tiny_model):
+    """enable_mixed_chunk: the request already decoding takes its steps inside the long prompt's chunks (its one
+    token each out of the budget of 8) instead of in decode batches between them; only a request's first token
+    reports what its prompt cost; the outputs are those of unmixed scheduling."""
+    model = tiny_model("qwen3")
+    llm = make_llm(model, max_extend_tokens=8, overlap_scheduling=False, enable_mixed_chunk=True)
+    launched: List[Tuple[str, List[int], int, int]] = []
+    watch_batches(llm, lambda b: launched.append((b.phase, [r.uid for r in b.reqs], b.decode_reqs,
+                                                  sum(r.extend_len for r in b.reqs))))
+    recorder = ReplyRecorder(llm)
+    prompts = [[7, 8, 9], list(range(100, 120))]
+    out = llm.generate(prompts, greedy(6), use_tqdm=False)
+    chunks = [i for i, (phase, uids, _, _) in enumerate(launched) if phase == "prefill" and 1 in uids]
+    assert [launched[i][1:] for i in chunks] == [([0, 1], 0, 8), ([1, 0], 1, 8), ([1, 0], 1, 8), ([1, 0], 1, 2)]
+    assert all(phase == "prefill" for phase, *_ in launched[: chunks[-1] + 1])  # no decode step of its own
+    assert sorted(m.uid for m in recorder.msgs if m.prompt_tokens) == [0, 1]
+    assert [m.prompt_tokens for m in recorder.msgs if m.prompt_tokens] == [3, 20]
+    plain = make_llm(model, max_extend_tokens=8, overlap_scheduling=False)
+    assert [o["token_ids"] for o in out] == [o["token_ids"] for o in plain.generate(prompts, greedy(6),
+                                                                                     use_tqdm=False)]
+    assert llm.stats()["prefill_tokens"] == 23
+    assert_pool_accounted(llm)
 
 
 def test_radix_cache_serves_a_repeated_prefix(tiny_model):
