@@ -18,9 +18,9 @@ class SchedulerConfig(EngineConfig):
     # offline_mode, because tensor-parallel ranks must schedule alike and only rank 0 is the offline LLM.
     decode_between_chunks: bool = True
     # SGLang's --enable-mixed-chunk: the running requests take their decode step inside each prefill batch (one
-    # query token each, attending to their KV in the pool) instead of in steps of their own, so a burst of prompts
-    # neither stalls them nor alternates prefill and decode steps (hybrid models: off, their linear layers' state
-    # has no prefill path for a running request). The prefill budget counts their tokens.
+    # query token each, attending to their KV in the pool; a hybrid model's linear layers continue from the carried
+    # state as for a prompt's next chunk) instead of in steps of their own, so a burst of prompts neither stalls
+    # them nor alternates prefill and decode steps. The prefill budget counts their tokens.
     enable_mixed_chunk: bool = False
     # Upstream switches overlap scheduling only through MINISGL_DISABLE_OVERLAP_SCHEDULING; a field lets one process
     # hold schedulers of both kinds (tests). The environment variable still turns it off.

@@ -112,8 +112,6 @@ class Scheduler(SchedulerIOMixin):
         self._launched_id = 0  # newest launched batch
         self._done_id = 0  # newest batch whose results were processed (batches complete in launch order)
         self._last_was_chunk = False
-        # mixed chunks (config.enable_mixed_chunk), except for hybrid models (see the config)
-        self.mixed_chunk = config.enable_mixed_chunk and self.engine.config.model_config.linear_attn is None
         # uid -> prompt tokens the prefix cache served, from admission to the first token (reported as usage)
         self._cached_prompt: Dict[int, int] = {}
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
@@ -235,7 +233,7 @@ class Scheduler(SchedulerIOMixin):
         batch = None
         decoding = self.decode_manager.runnable
         budget = self.prefill_budget - len(self.decode_manager.running_reqs)
-        if self.mixed_chunk and decoding and budget > 0:
+        if self.config.enable_mixed_chunk and decoding and budget > 0:
             # the running requests ride along: their one token each comes out of the prefill budget (a budget they
             # fill alone falls back to the steps below)
             if (batch := self.prefill_manager.schedule_next_batch(budget)) is not None:

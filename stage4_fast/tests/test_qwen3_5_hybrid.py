@@ -162,6 +162,24 @@ def test_chunked_prefill_budget_8_carries_state_and_matches_hf(overlap):
     assert run(prompts, max_extend_tokens=8, overlap_scheduling=overlap, page_size=4) == hf_generate(prompts)
 
 
+def test_mixed_chunks_continue_the_carried_state_and_match_hf():
+    """enable_mixed_chunk: a running request's decode step inside a prefill batch is, to its linear layers, a
+    one-token chunk continuing from the carried state; the outputs match HF, and mixed batches did run."""
+    prompts = mixed_prompts(6, seed=7, lo=4, hi=40)
+    llm = llm_mod.LLM(str(model_dir()), dtype=torch.float32, max_extend_tokens=8, enable_mixed_chunk=True)
+    mixed = []
+    forward_batch = llm.engine.forward_batch
+
+    def watched(batch, args, before_sampling=None):
+        mixed.append(batch.decode_reqs)
+        return forward_batch(batch, args, before_sampling)
+
+    llm.engine.forward_batch = watched
+    results = llm.generate(prompts, greedy(), use_tqdm=False)
+    assert [list(r["token_ids"]) for r in results] == hf_generate(prompts)
+    assert max(mixed) > 0
+
+
 def test_requests_finishing_at_different_times_match_hf():
     """Different max_tokens and 2 request slots: requests leave at different steps, queued ones join a running
     decode batch and reuse the freed slots (whose old state must not leak in), prompts chunked at 8 tokens."""
