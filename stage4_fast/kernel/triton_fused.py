@@ -70,14 +70,13 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
                          BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
                          SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
                          FP8_MIN_EXP: tl.constexpr):
-    """One program per token and block of BLOCK_H heads (its q heads, then its k heads, counted together) as a
-    [BLOCK_H, D / 2] tile per half. STORE_KV: the token's rotated k heads and (by its first program) its v heads
-    also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool (FP8_MAX > 0, the format's largest
-    value) gets them quantized with the layer's scales."""
+    """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
+    rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool
+    (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales."""
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     offs = tl.arange(0, HALF)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h = tl.arange(0, BLOCK_H)
     h_mask = h < HQ + HKV
     is_q = h < HQ
     src = QKV + t * stride_t + h[:, None] * D + offs[None, :]
@@ -118,13 +117,12 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
         tl.store(kc_dst, _to_pool(o1, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
         tl.store(kc_dst + HALF, _to_pool(o2, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype),
                  mask=k_mask)
-        if tl.program_id(1) == 0:  # the v rows once per token
-            hv = tl.arange(0, BLOCK_HKV)
-            v_offs = hv[:, None] * D + tl.arange(0, D)[None, :]
-            v_mask = (hv < HKV)[:, None]
-            v = tl.load(QKV + t * stride_t + (HQ + HKV) * D + v_offs, mask=v_mask, other=0.0)
-            tl.store(VCache + slot * stride_cache_t + v_offs,
-                     _to_pool(v, v_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=v_mask)
+        hv = tl.arange(0, BLOCK_HKV)
+        v_offs = hv[:, None] * D + tl.arange(0, D)[None, :]
+        v_mask = (hv < HKV)[:, None]
+        v = tl.load(QKV + t * stride_t + (HQ + HKV) * D + v_offs, mask=v_mask, other=0.0)
+        tl.store(VCache + slot * stride_cache_t + v_offs,
+                 _to_pool(v, v_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=v_mask)
 
 
 @triton.jit
@@ -158,24 +156,17 @@ def _round_to_fp8_grid(y, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     return (rounded.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
 
 
-# Heads per program of the q/k norm + RoPE kernel (a power of two; 0: all of a token's heads in one program). A
-# decode step has a few hundred tokens: one program per token left most SMs idle while each ran its 24 heads
-# (Qwen3-0.6B) in turn; three programs of 8 heads each share the work.
-QK_ROPE_HEADS_PER_PROGRAM = 8
-
-
 def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                  cos_sin_cache: torch.Tensor, positions: torch.Tensor,
                  kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                 kv_scales: tuple[float, float] = (1.0, 1.0), heads_per_program: int | None = None,
+                 kv_scales: tuple[float, float] = (1.0, 1.0),
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """From the fused qkv projection [T, (Hq + 2 Hkv) * D]: q [T, Hq, D] and k [T, Hkv, D], each head
     RMS-normalised with its weight (when given) and rotated (neox halves) by the fp32 cos|sin table
     [max_pos, D] at `positions`. ``kv_store`` = (k_cache, v_cache, out_loc): the pool's slots [num_slots, Hkv, D]
     in qkv's dtype or an fp8 dtype, and each token's slot [T]; the rotated k and the v rows are written there too
-    (into an fp8 pool divided by ``kv_scales`` = (k_scale, v_scale) and quantized). ``heads_per_program``:
-    default QK_ROPE_HEADS_PER_PROGRAM."""
+    (into an fp8 pool divided by ``kv_scales`` = (k_scale, v_scale) and quantized)."""
     assert qkv.dim() == 2 and qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert head_dim % 2 == 0 and (head_dim & (head_dim - 1)) == 0, "head_dim must be a power of two"
     T = qkv.shape[0]
@@ -187,10 +178,6 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
     qw = q_weight if has_norm else cos_sin_cache  # unused when there is no norm
     kw = k_weight if has_norm else cos_sin_cache
     block_h = triton.next_power_of_2(num_qo_heads + num_kv_heads)
-    per_program = QK_ROPE_HEADS_PER_PROGRAM if heads_per_program is None else heads_per_program
-    if per_program > 0:
-        assert per_program & (per_program - 1) == 0, "heads per program must be a power of two"
-        block_h = min(block_h, per_program)
     if kv_store is not None:
         k_cache, v_cache, out_loc = kv_store
         assert k_cache.dtype == qkv.dtype or is_fp8(k_cache.dtype), k_cache.dtype
@@ -204,7 +191,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
     else:
         k_cache = v_cache = out_loc = q  # unused
         cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0
-    _qk_norm_rope_kernel[(T, triton.cdiv(num_qo_heads + num_kv_heads, block_h))](
+    _qk_norm_rope_kernel[(T,)](
         qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, qkv.stride(0),
         cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride, eps,
         float(kv_scales[0]), float(kv_scales[1]),

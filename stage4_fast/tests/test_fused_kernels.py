@@ -69,8 +69,7 @@ def test_add_rmsnorm_matches_torch(dtype, with_residual, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_norm", [True, False])
-@pytest.mark.parametrize("heads_per_program", [0, 2, 4])  # all 6 heads in one program; 3 programs; q | k + padding
-def test_qk_norm_rope_matches_torch(dtype, with_norm, heads_per_program, device):
+def test_qk_norm_rope_matches_torch(dtype, with_norm, device):
     gen = torch.Generator().manual_seed(1)
     T, Hq, Hkv, D = 5, 4, 2, 32
     qkv = (torch.randn(T, (Hq + 2 * Hkv) * D, generator=gen) * 2).to(device, dtype)
@@ -83,16 +82,14 @@ def test_qk_norm_rope_matches_torch(dtype, with_norm, heads_per_program, device)
         q, k = rms_norm(q, qw, 1e-6), rms_norm(k, kw, 1e-6)
     qk, _ = rope.forward(positions, torch.cat([q, k], dim=1))
     out_q, out_k = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, qw if with_norm else None,
-                                             kw if with_norm else None, 1e-6, rope.cos_sin_cache, positions,
-                                             heads_per_program=heads_per_program)
+                                             kw if with_norm else None, 1e-6, rope.cos_sin_cache, positions)
     _close(out_q, qk[:, :Hq].contiguous(), cancelling=True)
     _close(out_k, qk[:, Hq:].contiguous(), cancelling=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads_per_program", [0, 2])  # the v rows are stored once, by a token's first program
-def test_qk_norm_rope_stores_this_steps_kv_in_the_pool(dtype, heads_per_program, device):
+def test_qk_norm_rope_stores_this_steps_kv_in_the_pool(dtype, device):
     """With the pool's slots and each token's slot, the kernel writes the rotated k and the untouched v rows there
     (bit for bit what it returns / what qkv holds) and nothing else: the store kernel's job, one launch less."""
     gen = torch.Generator().manual_seed(2)
@@ -105,7 +102,7 @@ def test_qk_norm_rope_stores_this_steps_kv_in_the_pool(dtype, heads_per_program,
     k_cache = torch.full((slots, Hkv, D), 7.0, dtype=dtype, device=device)
     v_cache = torch.full((slots, Hkv, D), 7.0, dtype=dtype, device=device)
     q, k = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, w, w, 1e-6, rope.cos_sin_cache, positions,
-                                     (k_cache, v_cache, out_loc), heads_per_program=heads_per_program)
+                                     (k_cache, v_cache, out_loc))
     q_ref, k_ref = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, w, w, 1e-6, rope.cos_sin_cache, positions)
     assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
     rows = out_loc.long()
