@@ -245,7 +245,9 @@ class Scheduler(SchedulerIOMixin):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
             batch = self.decode_manager.schedule_next_batch()
-        self._last_was_chunk = batch is not None and batch.is_prefill and isinstance(batch.reqs[-1], ChunkedReq)
+        # (a chunk, when there is one, is the batch's last prefill: mixed-in decode requests come after it)
+        self._last_was_chunk = (batch is not None and batch.is_prefill
+                                and isinstance(batch.reqs[batch.num_prefill_reqs - 1], ChunkedReq))
         if batch is not None and batch.is_prefill:
             for req in batch.reqs[: batch.num_prefill_reqs]:  # a first chunk starts where its cache match ended
                 self._cached_prompt.setdefault(req.uid, req.cached_len)

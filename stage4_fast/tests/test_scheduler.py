@@ -159,14 +159,21 @@ def test_mixed_chunks_carry_the_running_requests(tiny_model):
     model = tiny_model("qwen3")
     llm = make_llm(model, max_extend_tokens=8, overlap_scheduling=False, enable_mixed_chunk=True)
     launched: List[Tuple[str, List[int], int, int]] = []
-    watch_batches(llm, lambda b: launched.append((b.phase, [r.uid for r in b.reqs], b.decode_reqs,
-                                                  sum(r.extend_len for r in b.reqs))))
+    after_chunk: List[bool] = []  # what the scheduler remembers of each batch: did it end a prompt's chunk?
+
+    def record(b):
+        launched.append((b.phase, [r.uid for r in b.reqs], b.decode_reqs, sum(r.extend_len for r in b.reqs)))
+        after_chunk.append(llm._last_was_chunk)
+
+    watch_batches(llm, record)
     recorder = ReplyRecorder(llm)
     prompts = [[7, 8, 9], list(range(100, 120))]
     out = llm.generate(prompts, greedy(6), use_tqdm=False)
     chunks = [i for i, (phase, uids, _, _) in enumerate(launched) if phase == "prefill" and 1 in uids]
     assert [launched[i][1:] for i in chunks] == [([0, 1], 0, 8), ([1, 0], 1, 8), ([1, 0], 1, 8), ([1, 0], 1, 2)]
     assert all(phase == "prefill" for phase, *_ in launched[: chunks[-1] + 1])  # no decode step of its own
+    # a chunk followed by mixed-in decode requests still counts as a chunk (for when mixing cannot apply next)
+    assert [after_chunk[i] for i in chunks] == [True, True, True, False]
     assert sorted(m.uid for m in recorder.msgs if m.prompt_tokens) == [0, 1]
     assert [m.prompt_tokens for m in recorder.msgs if m.prompt_tokens] == [3, 20]
     plain = make_llm(model, max_extend_tokens=8, overlap_scheduling=False)
