@@ -9,6 +9,7 @@ commands:
   decode-sweep   the Triton decode kernel's launch parameters at the real workload's shapes (GPU)
   gemv-sweep     the one-token Triton GEMV against cuBLAS at the model's linear shapes (GPU)
   gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and a split-K Triton GEMM at the model's shapes (GPU)
+  cublaslt-sweep every cuBLASLt heuristic algorithm for the decode-batch GEMMs against F.linear's pick (GPU)
   layer-chain    a decode layer's kernels in a graph: what L2 weight prefetch and dependent launch save (GPU)
   microbatch     a decode step as two half batches on two streams: GEMMs beside the other half's attention (GPU)
   prefill-sweep  the Triton prefill attention kernel's launch parameters at the workload's prefill steps (GPU)
@@ -30,7 +31,8 @@ import sys
 
 COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker",
             "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep",
-            "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep", "layer-chain": "gpu_layer_chain",
+            "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep",
+            "cublaslt-sweep": "gpu_cublaslt_sweep", "layer-chain": "gpu_layer_chain",
             "microbatch": "gpu_microbatch",
             "prefill-sweep": "gpu_prefill_sweep",
             "kv-accuracy": "kv_accuracy",
