@@ -11,7 +11,7 @@ import tempfile
 import time
 import urllib.request
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, List, Sequence, Tuple
@@ -113,10 +113,24 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(span: int = 3) -> int:
+    """A port p with p .. p + span - 1 all free: with --tp > 1 the server also binds port + 1 (the ranks'
+    rendezvous) and a multi-node run port + 2, so a free p alone can still fail start-up on a busy machine."""
+    for _ in range(100):
+        with ExitStack() as held:
+            first = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            if port + span - 1 > 65535:
+                continue
+            try:
+                for extra in range(1, span):
+                    neighbour = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    neighbour.bind(("127.0.0.1", port + extra))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no run of {span} free ports on 127.0.0.1")
 
 
 @dataclass
