@@ -14,7 +14,8 @@ contiguous`` gives every request one contiguous run of slots (a page-size-1 pool
 whether the scattered rows, not the bytes, bound the kernel. Each compiled variant's registers, spills and shared
 memory per program are printed at the end (what bounds the programs resident on an SM). Over an fp8 pool on a GPU
 that has it, the hand-written CUDA kernel (csrc/decode_fp8.cu: no launch parameters, only the tiles per warp it keeps
-in shared memory, ``--cuda-stages``) is timed beside the Triton launches at every split count, as "cuda kernel".
+in shared memory, ``--cuda-stages``, and its warps per program, ``--cuda-warps``) is timed beside the Triton launches
+at every split count, as "cuda kernel".
 """
 import argparse
 import functools
@@ -31,9 +32,10 @@ from . import meta
 from .workloads import offline_upstream
 
 
-def cuda_config(stages: int, heads_first: bool) -> tuple[int, int, int, int]:
-    """The CUDA kernel's rows: no Triton launch parameters, only its shared-memory stages and grid order."""
-    return (0, 0, stages, int(heads_first))
+def cuda_config(stages: int, heads_first: bool, warps: int = 0) -> tuple[int, int, int, int]:
+    """The CUDA kernel's rows: no Triton launch parameters, only its shared-memory stages, grid order and warps per
+    program (0: the engine's choice for the shape)."""
+    return (0, warps, stages, int(heads_first))
 
 
 def is_cuda_config(c: tuple) -> bool:
@@ -72,6 +74,8 @@ def main(argv: list[str]) -> int:
                     help="split counts to time at every shape (default: the engine's, 1, and 2x and 4x the engine's)")
     ap.add_argument("--cuda-stages", type=int, nargs="+", default=None,
                     help="the CUDA kernel's shared-memory stages to time (default: the engine's)")
+    ap.add_argument("--cuda-warps", type=int, nargs="+", default=[0], choices=[0, 4, 8],
+                    help="the CUDA kernel's warps per program to time (0, the default: the engine's choice per shape)")
     ap.add_argument("--cuda-order", nargs="+", default=None, choices=["heads", "sequences"],
                     help="the CUDA kernel's grid orders to time: KV heads or sequences first (default: the engine's)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
@@ -125,15 +129,19 @@ def main(argv: list[str]) -> int:
     cuda_kernel = ta.cuda_fp8_decode_module(torch.empty(1, HQ, D, device=dev, dtype=torch.bfloat16), k,
                                             page_table) is not None
     orders = [o == "heads" for o in args.cuda_order] if args.cuda_order else [ta.DECODE_FP8_CUDA_HEADS_FIRST]
-    cuda_configs = [cuda_config(s, o) for s in (args.cuda_stages or [ta.DECODE_FP8_CUDA_STAGES]) for o in orders]
+    cuda_configs = [cuda_config(s, o, w) for s in (args.cuda_stages or [ta.DECODE_FP8_CUDA_STAGES]) for o in orders
+                    for w in args.cuda_warps]
     if not cuda_kernel:
         cuda_configs = []
     else:  # what the engine runs over this pool; the Triton launches are timed against it
         current = cuda_config(ta.DECODE_FP8_CUDA_STAGES, ta.DECODE_FP8_CUDA_HEADS_FIRST)
+        if current not in cuda_configs:
+            cuda_configs.append(current)
 
     def label(c: tuple) -> str:
         if is_cuda_config(c):
-            return f"cuda kernel, {c[2]} stages, {'heads' if c[3] else 'sequences'} first"
+            return (f"cuda kernel, {c[2]} stages, {'heads' if c[3] else 'sequences'} first, "
+                    f"{c[1] or 'engine'} warps")
         return (f"block_n {c[0]:3d} warps {c[1]} stages {c[2]} "
                                                        f"maxnreg {c[3] or 'none'}")
     for step in (200, 600, 950):
@@ -151,7 +159,7 @@ def main(argv: list[str]) -> int:
             ref = ta.decode_attention(q, k, v, page_table, tidx, seq, D**-0.5, 1,  # Triton, one split: the reference
                                       **dict(zip(("block_n", "num_warps", "num_stages"), triton_launch)))
             for bn, nw, ns, cap in configs + cuda_configs:
-                launch = dict(cuda_stages=ns, cuda_heads_first=bool(cap)) if bn == 0 else dict(
+                launch = dict(cuda_stages=ns, cuda_heads_first=bool(cap), cuda_warps=nw or None) if bn == 0 else dict(
                     block_n=bn, num_warps=nw, num_stages=ns, max_registers=cap)
                 try:
                     fn = functools.partial(ta.decode_attention, q, k, v, page_table, tidx, seq, D**-0.5, splits,

@@ -330,6 +330,29 @@ DECODE_FP8_KERNEL = "cuda"
 DECODE_FP8_CUDA_STAGES = 2
 # The CUDA fp8 kernel's grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False).
 DECODE_FP8_CUDA_HEADS_FIRST = True
+# Warps per program of the CUDA fp8 kernel: 4, or 8 when a launch has fewer programs (batch x KV heads x splits)
+# than this many per SM. An SM holds 16 warps either way; with few programs, 4-warp ones leave it short of warps
+# (and of KV in flight), where 8-warp ones read each sequence with twice the warps. On the H200, decode steps at
+# batch 1-32 took 5 % less device time with 8 warps, those at 33-65 about 1 % more (bench/results/h200-decode-warps.md)
+DECODE_FP8_CUDA_WIDE_BELOW = 2
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _num_sms(device: torch.device) -> int:
+    return _sm_count(_device_index(device))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def cuda_fp8_decode_warps(programs: int, num_sms: int) -> int:
+    """Warps per program of the CUDA fp8 decode kernel for a launch of ``programs`` programs."""
+    return 8 if programs < DECODE_FP8_CUDA_WIDE_BELOW * num_sms else 4
 
 
 @functools.cache
@@ -344,7 +367,7 @@ def cuda_fp8_decode_applies(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_di
         return False
     if q_dtype not in (torch.float16, torch.bfloat16) or head_dim != 128 or group > 8:
         return False
-    if not _has_fp8_conversions(device.index if device.index is not None else torch.cuda.current_device()):
+    if not _has_fp8_conversions(_device_index(device)):
         return False
     module = load_cuda_kernels()
     return module is not None and hasattr(module, "decode_fp8")
@@ -373,14 +396,15 @@ def decode_attention(
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None, cuda_stages: int | None = None,
-    cuda_heads_first: bool | None = None,
+    cuda_heads_first: bool | None = None, cuda_warps: int | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
     v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
     / ``mid_lse`` [B', Hq, S'] fp32 scratch may be passed in (fixed buffers for CUDA graphs). block_n / num_warps /
     num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks) and so pick the Triton
-    kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``); ``cuda_stages`` and
-    ``cuda_heads_first`` override DECODE_FP8_CUDA_STAGES and DECODE_FP8_CUDA_HEADS_FIRST there."""
+    kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``); ``cuda_stages``,
+    ``cuda_heads_first`` and ``cuda_warps`` override DECODE_FP8_CUDA_STAGES, DECODE_FP8_CUDA_HEADS_FIRST and
+    ``cuda_fp8_decode_warps`` there."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -414,7 +438,9 @@ def decode_attention(
     if cuda is not None:
         cuda.decode_fp8(q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
                         sm_scale * k_scale * LOG2E, v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
-                        DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first)
+                        DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first,
+                        cuda_warps or cuda_fp8_decode_warps(batch * num_kv_heads * num_splits,
+                                                            _num_sms(q.device)))
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,

@@ -160,8 +160,9 @@ def test_triton_attention_reads_an_fp8_cache_at_qwen3_shape(kv):
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
 def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
     """The hand-written fp8 decode kernel (csrc/decode_fp8.cu) against the fp32 reference over ``stored * scale``:
-    lengths on and around its 16-key tiles and 64-key warp rounds, more splits than a short sequence has keys (empty
-    splits), every GQA group it takes, bf16 and fp16 queries, every shared-memory depth and grid order it builds.
+    lengths on and around its 16-key tiles and 64- and 128-key warp rounds, more splits than a short sequence has
+    keys (empty splits), every GQA group it takes, bf16 and fp16 queries, every shared-memory depth, grid order and
+    program width (4 or 8 warps) it builds.
     Bound: the output is rounded to the queries' dtype
     (bf16: 2^-8 relative) after fp16 products (queries and probabilities rounded to 2^-11): 1e-2, where the Triton
     kernel's test above allows 3e-2."""
@@ -172,7 +173,7 @@ def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
     hq = hkv * group
     k = quantize_kv(torch.randn(slots, hkv, d, generator=gen) * 3, 0.5, FP8[kv]).to(CUDA)
     v = quantize_kv(torch.randn(slots, hkv, d, generator=gen), 2.0, FP8[kv]).to(CUDA)
-    lens = torch.tensor([1, 2, 15, 16, 17, 63, 64, 65, 129, 1000, 2047], dtype=torch.int32)
+    lens = torch.tensor([1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 2047], dtype=torch.int32)
     batch = lens.numel()
     pt = torch.stack([torch.randperm(slots, generator=gen)[:2048] for _ in range(batch)]).to(torch.int32).to(CUDA)
     tidx = torch.randperm(batch, generator=gen).to(torch.int32).to(CUDA)
@@ -183,9 +184,9 @@ def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
         if ta.cuda_fp8_decode_module(q, k, pt) is None:
             pytest.skip("the CUDA fp8 decode kernel needs sm_89+ and the JIT-built extension")
         ref = paged_attention_ref(q, k, v, pt, tidx, cu, lens, d**-0.5, k_scale=0.5, v_scale=2.0).float()
-        for splits, stages, heads_first in itertools.product((1, 3, 16), (2, 3, 4), (True, False)):
+        for splits, stages, heads_first, warps in itertools.product((1, 3, 16), (2, 3, 4), (True, False), (4, 8)):
             out = ta.decode_attention(q, k, v, pt, tidx, lens, d**-0.5, splits, k_scale=0.5, v_scale=2.0,
-                                      cuda_stages=stages, cuda_heads_first=heads_first)
+                                      cuda_stages=stages, cuda_heads_first=heads_first, cuda_warps=warps)
             torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
 
 

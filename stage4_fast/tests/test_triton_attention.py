@@ -202,14 +202,16 @@ def test_fp8_decode_routes_to_the_cuda_kernel_where_it_applies(monkeypatch):
     monkeypatch.setattr(ta, "cuda_fp8_decode_module", lambda q, k_cache, page_table: cuda)
     monkeypatch.setattr(ta, "_decode_split_kernel", split_kernel)
     monkeypatch.setattr(ta, "_decode_combine_kernel", combine)
+    monkeypatch.setattr(ta, "_num_sms", lambda device: 132)
     gen, k, v, pt, tidx, lens = _paged_setup(6, [7, 30], 2, 32)
     q = torch.randn(2, 4, 32, generator=gen).to(torch.bfloat16)
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
     ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 3, k_scale=0.5, v_scale=2.0)
     (args,) = cuda.calls
-    scale_log2, v_scale, splits, stages, heads_first = args[-5:]
+    scale_log2, v_scale, splits, stages, heads_first, warps = args[-6:]
     assert scale_log2 == pytest.approx(0.25 * 0.5 * ta.LOG2E) and v_scale == 2.0 and splits == 3
     assert stages == ta.DECODE_FP8_CUDA_STAGES and heads_first == ta.DECODE_FP8_CUDA_HEADS_FIRST
+    assert warps == 8  # 2 x 2 x 3 programs: far fewer than 4 per SM
     assert args[6].shape[2] >= 3 and len(combine.calls) == 1 and not split_kernel.calls
     ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 1)  # one split: output written directly, no merge
     assert len(cuda.calls) == 2 and len(combine.calls) == 1
@@ -225,3 +227,12 @@ def test_the_cuda_fp8_kernel_splits_only_small_batches(monkeypatch):
     monkeypatch.setattr(ta, "_interpreting", lambda: False)
     assert [ta.decode_num_splits(bs, 8, 16, 132, cuda_fp8=True) for bs in (218, 23, 17, 16, 1)] == [1, 1, 1, 2, 16]
     assert [ta.decode_num_splits(bs, 8, 16, 132) for bs in (218, 23, 1)] == [1, 8, 16]
+
+
+def test_the_cuda_fp8_kernel_widens_its_programs_for_small_batches():
+    """8 warps per program where 4-warp programs would leave an SM short of its 16 warps: Qwen3-0.6B's 8 KV heads
+    on 132 SMs, with the split counts the engine picks (1 from batch 17 up, 16 at batch 1)."""
+    from stage4_fast.kernel import triton_attention as ta
+
+    shapes = ((218, 1), (101, 1), (33, 1), (32, 1), (23, 1), (16, 2), (1, 16))
+    assert [ta.cuda_fp8_decode_warps(bs * 8 * splits, 132) for bs, splits in shapes] == [4, 4, 4, 8, 8, 8, 8]

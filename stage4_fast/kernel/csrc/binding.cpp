@@ -106,7 +106,7 @@ void indexing(torch::Tensor weights, torch::Tensor indices, torch::Tensor output
 void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
                 torch::Tensor table_idx, torch::Tensor seq_lens, torch::Tensor mid_o, torch::Tensor mid_lse,
                 torch::Tensor out, double scale_log2, double v_scale, int64_t num_splits, int64_t stages,
-                bool heads_first) {
+                bool heads_first, int64_t warps) {
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(1);
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(2) == 1, "q must be [B, Hq, D] with contiguous rows");
@@ -130,6 +130,7 @@ void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, t
   TORCH_CHECK(table_idx.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt, "table_idx/seq_lens int32");
   TORCH_CHECK(num_splits >= 1, "num_splits must be positive");
   TORCH_CHECK(stages >= 2 && stages <= 4, "stages must be 2, 3 or 4");
+  TORCH_CHECK(warps == 4 || warps == 8, "warps must be 4 or 8");
   const bool direct = num_splits == 1;
   if (!direct) {
     TORCH_CHECK(mid_o.scalar_type() == at::kFloat && mid_lse.scalar_type() == at::kFloat, "split scratch is fp32");
@@ -169,6 +170,7 @@ void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, t
   args.group = static_cast<int>(num_qo_heads / num_kv_heads);
   args.stages = static_cast<int>(stages);
   args.heads_first = heads_first ? 1 : 0;
+  args.warps = static_cast<int>(warps);
   const int err = stage4_decode_fp8(args, q.scalar_type() == at::kHalf ? 1 : 2,
                                     kv_type == at::ScalarType::Float8_e5m2 ? 1 : 0, static_cast<int>(batch),
                                     static_cast<int>(num_kv_heads), direct ? 1 : 0,

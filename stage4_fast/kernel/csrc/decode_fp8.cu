@@ -33,13 +33,13 @@
 
 namespace stage4 {
 
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeThreads = kDecodeWarps * kWarpSize;
+// Warps per program: 4, or 8 where a launch has too few programs to give every SM four (a small batch): then each
+// program's sequence is read by twice the warps (bench/results/h200-decode-warps.md). Either way an SM holds 16 warps
+// at 128 registers per thread.
+constexpr int kSmWarps = 16;
 constexpr int kTileKeys = 16;
-constexpr int kRoundKeys = kTileKeys * kDecodeWarps;  // the keys one round of all warps covers
 constexpr int kDecodeHeadDim = 128;
-constexpr int kMaxGroup = 8;
-constexpr int kDecodeBlocksPerSm = 4;  // the register budget: 128 per thread, so that four programs share an SM  // query heads per KV head: rows 0..7 of the mma's 16
+constexpr int kMaxGroup = 8;  // query heads per KV head: rows 0..7 of the mma's 16
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // four fp8 values (one 32-bit word) -> two fp16x2: bytes 0, 1 in `lo`, bytes 2, 3 in `hi` (one instruction each on
@@ -264,8 +264,11 @@ __device__ __forceinline__ void attend_tile(uint32_t stage, const StageOffsets& 
     }
 }
 
-template <typename QT, bool kE5M2, bool kDirect, int kStages>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) decode_fp8_kernel(const DecodeFp8Args a) {
+template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
+__global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
+    decode_fp8_kernel(const DecodeFp8Args a) {
+  constexpr int kDecodeThreads = kDecodeWarps * kWarpSize;
+  constexpr int kRoundKeys = kTileKeys * kDecodeWarps;  // the keys one round of all warps covers
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2;  // the mma's row group: key labels g and 8 + g, query head g, V dims 16g ..
@@ -403,13 +406,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeBlocksPerSm) decode_fp8
   }
 }
 
+template <typename QT, bool kE5M2, bool kDirect, int kStages, int kWarps>
+void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
+  constexpr int smem_bytes = kStages * kWarps * kStageBytes;
+  static const cudaError_t configured = cudaFuncSetAttribute(  // above the 48 KB a launch gets unasked
+      decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      smem_bytes);
+  (void)configured;
+  decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps><<<grid, kWarps * kWarpSize, smem_bytes, stream>>>(a);
+}
+
 template <typename QT, bool kE5M2, bool kDirect, int kStages>
 void launch_stages(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
-  constexpr int smem_bytes = kStages * kDecodeWarps * kStageBytes;
-  static const cudaError_t configured = cudaFuncSetAttribute(  // above the 48 KB a launch gets unasked
-      decode_fp8_kernel<QT, kE5M2, kDirect, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  (void)configured;
-  decode_fp8_kernel<QT, kE5M2, kDirect, kStages><<<grid, kDecodeThreads, smem_bytes, stream>>>(a);
+  a.warps == 8 ? launch_warps<QT, kE5M2, kDirect, kStages, 8>(a, grid, stream)
+               : launch_warps<QT, kE5M2, kDirect, kStages, 4>(a, grid, stream);
 }
 
 template <typename QT, bool kE5M2, bool kDirect>

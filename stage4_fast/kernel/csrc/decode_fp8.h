@@ -23,8 +23,9 @@ struct DecodeFp8Args {
   float v_scale;
   int num_splits;
   int group;
-  int stages;
-  int heads_first;  // grid order: a sequence's KV heads side by side (1) or one KV head's sequences (0)  // tiles per warp in shared memory (2, 3 or 4): stages - 1 in flight while one computes
+  int stages;       // tiles per warp in shared memory (2, 3 or 4): stages - 1 in flight while one computes
+  int heads_first;  // grid order: a sequence's KV heads side by side (1) or one KV head's sequences (0)
+  int warps;        // warps per program: 4 or 8
 };
 
 }  // namespace stage4
