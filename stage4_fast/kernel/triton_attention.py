@@ -333,7 +333,8 @@ DECODE_FP8_CUDA_HEADS_FIRST = True
 # Warps per program of the CUDA fp8 kernel: 4, or 8 when a launch has fewer programs (batch x KV heads x splits)
 # than this many per SM. An SM holds 16 warps either way; with few programs, 4-warp ones leave it short of warps
 # (and of KV in flight), where 8-warp ones read each sequence with twice the warps. On the H200, decode steps at
-# batch 1-32 took 5 % less device time with 8 warps, those at 33-65 about 1 % more (bench/results/h200-decode-warps.md)
+# batch 1-32 took 5 % less device time with 8 warps; with 8 warps up to batch 65 (4 per SM), the steps at batch
+# 33-128 took 1.3 % more (bench/results/h200-decode-warps.md)
 DECODE_FP8_CUDA_WIDE_BELOW = 2
 
 

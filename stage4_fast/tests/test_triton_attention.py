@@ -211,7 +211,7 @@ def test_fp8_decode_routes_to_the_cuda_kernel_where_it_applies(monkeypatch):
     scale_log2, v_scale, splits, stages, heads_first, warps = args[-6:]
     assert scale_log2 == pytest.approx(0.25 * 0.5 * ta.LOG2E) and v_scale == 2.0 and splits == 3
     assert stages == ta.DECODE_FP8_CUDA_STAGES and heads_first == ta.DECODE_FP8_CUDA_HEADS_FIRST
-    assert warps == 8  # 2 x 2 x 3 programs: far fewer than 4 per SM
+    assert warps == 8  # 2 x 2 x 3 programs: far fewer than 2 per SM
     assert args[6].shape[2] >= 3 and len(combine.calls) == 1 and not split_kernel.calls
     ta.decode_attention(q, k8, v8, pt, tidx, lens, 0.25, 1)  # one split: output written directly, no merge
     assert len(cuda.calls) == 2 and len(combine.calls) == 1
@@ -230,8 +230,8 @@ def test_the_cuda_fp8_kernel_splits_only_small_batches(monkeypatch):
 
 
 def test_the_cuda_fp8_kernel_widens_its_programs_for_small_batches():
-    """8 warps per program where 4-warp programs would leave an SM short of its 16 warps: Qwen3-0.6B's 8 KV heads
-    on 132 SMs, with the split counts the engine picks (1 from batch 17 up, 16 at batch 1)."""
+    """8 warps per program below 2 programs per SM (DECODE_FP8_CUDA_WIDE_BELOW), 4 from there: Qwen3-0.6B's 8 KV
+    heads on 132 SMs, with the split counts the engine picks (1 from batch 17 up, 16 at batch 1)."""
     from stage4_fast.kernel import triton_attention as ta
 
     shapes = ((218, 1), (101, 1), (33, 1), (32, 1), (23, 1), (16, 2), (1, 16))
