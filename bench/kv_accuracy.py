@@ -70,7 +70,8 @@ def token_stats(outputs: list[list[int]], ref: list[list[int]]) -> dict:
     pairs = [(o, r) for o, r in zip(outputs, ref)]
     equal = sum(a == b for o, r in pairs for a, b in zip(o, r))
     total = sum(len(r) for r in ref)
-    first_diff = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), len(r)) for o, r in pairs]
+    # an output that stops early differs where it stops
+    first_diff = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r))) for o, r in pairs]
     return {"token_agreement": equal / total, "prompts_identical": sum(o == r for o, r in pairs),
             "prompts": len(pairs), "mean_first_difference_step": sum(first_diff) / len(first_diff)}
 
@@ -84,6 +85,9 @@ def greedy(path: Path, prompts: list[list[int]], steps: int, **config) -> list[l
                            use_tqdm=False)
     finally:
         llm.shutdown()
+    refused = [f"prompt {i}: {r['error']}" for i, r in enumerate(out) if "error" in r]
+    if refused:  # a refused prompt has no tokens: counting it would measure the refusal, not the KV cache
+        raise RuntimeError(f"the engine refused {len(refused)} of {len(out)} prompts; first: {refused[0]}")
     return [list(r["token_ids"]) for r in out]
 
 

@@ -18,6 +18,7 @@ from ..utils.device import (
     Event,
     create_stream,
     current_stream,
+    free_device_memory,
     is_cuda,
     physical_cpu_count,
     record_event,
@@ -114,8 +115,7 @@ class Engine:
         mc = config.model_config
         bytes_per_page = 2 * mc.head_dim * mc.num_kv_heads * config.page_size * self.dtype.itemsize * mc.num_layers
         if is_cuda(self.device):
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * config.memory_ratio)
+            budget = int(free_device_memory(self.device) * config.memory_ratio)
         else:
             budget = CPU_KV_CACHE_BYTES
         num_pages = budget // bytes_per_page

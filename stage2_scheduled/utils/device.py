@@ -3,6 +3,7 @@ engine code reads the same on both (upstream assumes CUDA everywhere)."""
 
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import nullcontext
 from typing import ContextManager
@@ -42,6 +43,18 @@ Event = torch.cuda.Event | NullEvent
 
 def is_cuda(device: torch.device) -> bool:
     return device.type == "cuda"
+
+
+def free_device_memory(device: torch.device) -> int:
+    """Bytes free on a GPU to size a KV pool from (0 on CPU). What engines shut down earlier in this process still
+    hold (blocks in torch's allocator cache, or objects in reference cycles not yet collected) goes back to the
+    device first: measured without that, a second engine in one process got a pool the size of what the first left
+    over (SGLang's get_available_gpu_memory also empties the cache before it measures)."""
+    if not is_cuda(device):
+        return 0
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
 
 
 def create_stream(device: torch.device) -> Stream:

@@ -31,6 +31,7 @@ from ..utils.device import (
     Event,
     create_stream,
     current_stream,
+    free_device_memory,
     is_cuda,
     physical_cpu_count,
     record_event,
@@ -38,7 +39,7 @@ from ..utils.device import (
 )
 from ..utils.hf import resolve_model_path
 from .config import EngineConfig
-from .graph import GraphRunner, get_free_memory
+from .graph import GraphRunner
 from .sample import BatchSamplingArgs, Sampler
 
 logger = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ class Engine:
 
     def _sync_free_memory(self) -> int:
         """Free device memory; with several ranks the minimum, so every rank sizes the same KV pool."""
-        free = get_free_memory(self.device)
+        free = free_device_memory(self.device)
         if self.tp_cpu_group is not None:
             t = torch.tensor([free, -free], dtype=torch.int64)
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.tp_cpu_group)
@@ -217,8 +218,7 @@ class Engine:
         kv_heads_local = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)
         bytes_per_page = 2 * mc.head_dim * kv_heads_local * config.page_size * self.kv_dtype.itemsize * mc.num_kv_layers
         if is_cuda(self.device):
-            free = self._sync_free_memory()  # after the weights: the same on every rank
-            budget = int(free * config.memory_ratio)
+            budget = int(self._sync_free_memory() * config.memory_ratio)  # after the weights: same on every rank
         else:
             budget = CPU_KV_CACHE_BYTES
         num_pages = budget // bytes_per_page

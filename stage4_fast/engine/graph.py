@@ -210,6 +210,3 @@ class GraphRunner:
 def mem_GB(size: int) -> str:
     return f"{size / (1 << 30):.2f} GiB"
 
-
-def get_free_memory(device: torch.device) -> int:
-    return torch.cuda.mem_get_info(device)[0] if is_cuda(device) else 0

@@ -229,6 +229,27 @@ def test_fp32_engine_matches_hf_on_gpu(model, backend, graphs):
     assert out == hf_generate(path)
 
 
+def test_an_engine_started_after_another_one_shut_down_gets_its_memory():
+    """Two LLMs in turn in one process (a notebook, a benchmark comparing configurations): the second sizes its KV
+    pool from what is free once the first is gone, not from what torch's allocator cache left on the device."""
+    import gc
+
+    from stage4_fast import LLM
+
+    from .helpers import greedy
+
+    path = str(prepared_model("tiny-qwen3"))
+    pages = []
+    for _ in range(2):
+        llm = LLM(path, dtype=torch.bfloat16, cuda_graph_max_bs=8)
+        llm.generate([[1, 2, 3]], greedy(4), use_tqdm=False)
+        pages.append(llm.engine.num_pages)
+        llm.shutdown()
+        del llm
+        gc.collect()
+    assert pages[1] >= 0.95 * pages[0], pages
+
+
 REL_L2_BOUND = 5e-2  # bf16 logits vs HF bf16 over 28 layers; the measured values are printed
 CLEAR_GAP = 1.0  # logits; the random Qwen3-0.6B shape has logit std ~30
 
