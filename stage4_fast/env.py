@@ -48,7 +48,8 @@ class _Env:
     # greedy sampling's Triton argmax over 16-bit GPU logits (kernel/triton_argmax.py), off for A/B measurements
     DISABLE_TRITON_ARGMAX = EnvVar("DISABLE_TRITON_ARGMAX", False, _parse_bool)
     # the Triton attention's dots over an fp8 KV cache under 16-bit queries: "fp16" (fp8 converts to it exactly and
-    # cheaply; 8 % faster decode attention on the H200, bench/results/h200.md) or "q" (the queries' dtype), for A/B runs
+    # cheaply; 8 % faster decode attention on the H200, bench/results/h200-history.md) or "q" (the queries' dtype),
+    # for A/B runs
     TRITON_FP8_DOTS = EnvVar("TRITON_FP8_DOTS", "fp16", str)
     # sampling of the interactive shell (`--shell`). Upstream's defaults (temperature 0.6, 2048 tokens) make a small
     # model ramble for half a minute; greedy and 256 tokens answer briefly and the same way each time

@@ -49,7 +49,7 @@ def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     """fp8 K/V under 16-bit queries: the dots run in fp16, not the queries' dtype. fp8 values are exact in fp16
     (e5m2 is fp16's upper byte) and convert in one instruction per two values, where bf16 takes a detour through
     fp32: one decode layer at the upstream workload's shape took 176 us instead of 191 us on the H200
-    (bench/results/h200.md). Queries lose nothing (fp16 has more mantissa than bf16; |q| stays far below 65504
+    (bench/results/h200-history.md). Queries lose nothing (fp16 has more mantissa than bf16; |q| stays far below 65504
     after the q norm); probabilities gain precision. MINISGL_TRITON_FP8_DOTS=q keeps the queries' dtype."""
     if kv_dtype.itemsize != 1 or q_dtype not in (torch.float16, torch.bfloat16):
         return False
