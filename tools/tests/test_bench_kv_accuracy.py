@@ -20,13 +20,13 @@ class _RefusingLLM:
     """Stands in for stage4_fast.LLM: refuses the second prompt as the scheduler does (an "error" result)."""
 
     def __init__(self, path: str, **config) -> None:
-        self.shut = False
+        pass
 
     def generate(self, prompts, params, use_tqdm=False):
         return [{"token_ids": [1, 2]}, {"token_ids": [], "error": "prompt of 217 tokens leaves no room"}]
 
     def shutdown(self) -> None:
-        self.shut = True
+        pass
 
 
 def test_a_refused_prompt_stops_the_measurement(monkeypatch):
