@@ -1,22 +1,26 @@
 """A decode layer's chain of kernels at decode batch sizes, without the attention's arithmetic (GPU): what two
 Hopper features would save on the fixed part of a decode step, before the engine is changed for them.
 
-    python -m bench layer-chain [--rows 64 128 224] [--json out.json]
+    python -m bench layer-chain [--rows 64 128 224] [--variants plain pdl ...] [--json out.json]
 
 A decode step's fixed cost (~1.4 ms at the Qwen3-0.6B shape, `bench/gpu_notes.md` section 13) is mostly its 112
 GEMMs, each latency-bound: ~6 us for 4-12 MB of weights that DRAM delivers in ~2. The chain here is 28 layers of
 add-RMSNorm -> qkv GEMM -> a stand-in for the attention (a kernel that streams 64 MB, so that the L2 holds nothing
 of the layer's weights, and writes the attention's output) -> o GEMM -> add-RMSNorm -> gate-up GEMM -> SiLU-and-mul
--> down GEMM, captured in one CUDA graph, timed per layer (us) in four variants:
+-> down GEMM, captured in one CUDA graph, timed per layer (us) in these variants:
 
 * ``plain``: the kernels as the engine launches them;
 * ``prefetch``: each of our kernels that precedes a GEMM first asks the L2 for that GEMM's weights (``prefetch.
   global.L2``, spread over its programs), so that the GEMM's first loads find them in flight or in the L2;
 * ``pdl``: our kernels are launched with programmatic dependent launch (the launch overlaps the previous kernel's
   tail; each program waits for the previous kernel's memory with ``griddepcontrol.wait`` before reading it);
-* ``both``: the prefetch is issued before that wait, so it overlaps the previous kernel too.
+* ``both``: the prefetch is issued before that wait, so it overlaps the previous kernel too;
+* ``triton-TILES[-pdl[-own]]``: the four GEMMs as a Triton GEMM with the tiles ``TILES`` of ``TRITON_TILES``, which
+  cuBLAS's kernels cannot be: launched with PDL too (``-pdl``, so that every boundary of the layer overlaps), and
+  asking the L2 for their own weights before their wait (``-own``: the weights depend on no earlier kernel).
 
-The GEMMs stay cuBLAS's (``bench gemm-sweep``: no Triton GEMM beats it one by one).
+Each variant's output is checked bit for bit against the one with the same GEMMs and neither prefetch nor PDL. On the
+H200 none beat ``plain`` by more than ``pdl``'s 2 us per layer at 224 rows (bench/results/h200-layer-chain-triton.md).
 """
 
 from __future__ import annotations
@@ -109,6 +113,61 @@ def _scrub_kernel(S, Q, Out, s_per_program, P, p_total, M, PREFETCH: tl.constexp
         tl.store(Out + row * 2048 + 1024 + offs, q.to(Out.dtype.element_ty))
 
 
+@triton.jit
+def _gemm_kernel(X, W, Y, M, N, K, PREFETCH_OWN: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Y [M, N] = X [M, K] @ W [N, K].T for a decode batch; with PREFETCH_OWN the program first asks the L2 for its
+    slice of W (which depends on no earlier kernel), and only then waits for the previous kernel's output (PDL), so
+    that under programmatic dependent launch the weights stream in while the previous kernel finishes."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if PREFETCH_OWN:
+        _prefetch_slice(W + pid_n.to(tl.int64) * BLOCK_N * K, BLOCK_N * K, pid_m, tl.num_programs(1), LINES=64)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = offs_m < M
+    col_ok = offs_n < N
+    x_ptrs = X + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]
+    w_ptrs = W + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+        w = tl.load(w_ptrs, mask=col_ok[:, None], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y_ptrs = Y + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+# (block_m, block_n, block_k, warps, stages) per projection; "sweep" is bench gemm-sweep's best one-split launch
+TRITON_TILES = {
+    "sweep": {64: {"qkv": (64, 32, 128, 4, 4), "o": (64, 32, 128, 4, 4), "gu": (64, 64, 128, 4, 4),
+                   "down": (64, 32, 128, 4, 4)},
+              128: {"qkv": (64, 64, 128, 4, 4), "o": (64, 32, 128, 4, 4), "gu": (128, 64, 128, 8, 4),
+                    "down": (64, 32, 128, 4, 4)},
+              224: {"qkv": (64, 128, 128, 4, 3), "o": (64, 32, 128, 4, 4), "gu": (128, 128, 64, 8, 4),
+                    "down": (64, 32, 128, 4, 4)}},
+    "narrow": {rows: dict.fromkeys(("qkv", "o", "gu", "down"), (64, 32, 128, 4, 4)) for rows in (64, 128, 224)},
+    "n64": {rows: dict.fromkeys(("qkv", "o", "gu", "down"), (64, 64, 128, 4, 4)) for rows in (64, 128, 224)},
+}
+
+
+def triton_linear(x: torch.Tensor, w: torch.Tensor, tile: tuple, prefetch_own: bool, pdl: bool) -> torch.Tensor:
+    block_m, block_n, block_k, warps, stages = tile
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    _gemm_kernel[grid](x, w, y, m, n, k, PREFETCH_OWN=prefetch_own, PDL=pdl, BLOCK_M=block_m, BLOCK_N=block_n,
+                       BLOCK_K=block_k, num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}))
+    return y
+
+
 class Chain:
     """28 layers' weights and the activations of one decode batch of ``rows``."""
 
@@ -131,25 +190,32 @@ class Chain:
         self.attn = torch.empty(rows, ATTN_OUT, device=dev, dtype=dtype)
         self.act = torch.empty(rows, INTER, device=dev, dtype=dtype)
         self.qkv_stand_in = rand(rows, QKV)
+        self.tiles: dict | None = None  # None: cuBLAS; else the Triton GEMM's tile per projection
+        self.gemm_prefetch = False
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, name: str, pdl: bool) -> torch.Tensor:
+        if self.tiles is None:
+            return F.linear(x, w)
+        return triton_linear(x, w, self.tiles[name], self.gemm_prefetch, pdl)
 
     def layer(self, i: int, prefetch: bool, pdl: bool) -> None:
         rows, launch = self.rows, {"launch_pdl": True} if pdl else {}
         _norm_kernel[(rows,)](self.x, self.residual, self.norm_w, self.h, self.w_qkv[i], self.w_qkv[i].numel(),
                               HIDDEN, 1e-6, PREFETCH=prefetch, PDL=pdl, BLOCK=HIDDEN, num_warps=4, **launch)
-        qkv = F.linear(self.h, self.w_qkv[i])
+        qkv = self.linear(self.h, self.w_qkv[i], "qkv", pdl)
         programs = 132 * 2
         _scrub_kernel[(programs,)](self.scrub, qkv, self.attn, self.scrub.numel() // programs // 1024 * 1024,
                                    self.w_o[i], self.w_o[i].numel(), rows, PREFETCH=prefetch, PDL=pdl, BLOCK=1024,
                                    num_warps=4, **launch)
-        o = F.linear(self.attn, self.w_o[i])
+        o = self.linear(self.attn, self.w_o[i], "o", pdl)
         _norm_kernel[(rows,)](o, self.residual, self.norm_w, self.h, self.w_gu[i], self.w_gu[i].numel(), HIDDEN,
                               1e-6, PREFETCH=prefetch, PDL=pdl, BLOCK=HIDDEN, num_warps=4, **launch)
-        gu = F.linear(self.h, self.w_gu[i])
+        gu = self.linear(self.h, self.w_gu[i], "gu", pdl)
         block = 1024
         _silu_kernel[(rows, triton.cdiv(INTER, block))](gu, self.act, self.w_down[i], self.w_down[i].numel(),
                                                          INTER, PREFETCH=prefetch, PDL=pdl, BLOCK=block,
                                                          num_warps=4, **launch)
-        self.x = F.linear(self.act, self.w_down[i])
+        self.x = self.linear(self.act, self.w_down[i], "down", pdl)
 
     def step(self, prefetch: bool, pdl: bool) -> None:
         for i in range(LAYERS):
@@ -173,42 +239,65 @@ def scrub_only_us(chain: Chain) -> float:
     return graph_layer_us(run)
 
 
-VARIANTS = {"plain": (False, False), "prefetch": (True, False), "pdl": (False, True), "both": (True, True)}
+# name -> (Triton tiles or None for cuBLAS, GEMM prefetches its own weights, kernels prefetch the next GEMM's, PDL)
+VARIANTS = {"plain": (None, False, False, False), "prefetch": (None, False, True, False),
+            "pdl": (None, False, False, True), "both": (None, False, True, True)}
+for _tiles in TRITON_TILES:
+    VARIANTS[f"triton-{_tiles}"] = (_tiles, False, False, False)
+    VARIANTS[f"triton-{_tiles}-pdl"] = (_tiles, False, False, True)
+    VARIANTS[f"triton-{_tiles}-pdl-own"] = (_tiles, True, False, True)
 
 
-def same_result(chain: Chain) -> Dict[str, bool]:
-    """Each variant's output of one eager step from the same inputs, against plain's (bit for bit: the same
-    arithmetic; a PDL kernel that read before its wait would show here)."""
+def set_variant(chain: Chain, name: str) -> tuple[bool, bool]:
+    """Configures ``chain``'s GEMMs for variant ``name``; returns its (prefetch, pdl) step arguments."""
+    tiles, own, prefetch, pdl = VARIANTS[name]
+    chain.tiles = None if tiles is None else TRITON_TILES[tiles][chain.rows]
+    chain.gemm_prefetch = own
+    return prefetch, pdl
+
+
+def reference_of(name: str) -> str:
+    """The variant with the same GEMMs and neither prefetch nor PDL: the same arithmetic."""
+    tiles = VARIANTS[name][0]
+    return "plain" if tiles is None else f"triton-{tiles}"
+
+
+def same_result(chain: Chain, names: list[str]) -> Dict[str, bool]:
+    """Each variant's output of one eager step from the same inputs, against its reference's (bit for bit: the
+    same arithmetic; a PDL kernel that read before its wait would show here)."""
     x0, r0, outputs = chain.x.clone(), chain.residual.clone(), {}
-    for name, (prefetch, pdl) in VARIANTS.items():
+    for name in names:
         chain.x, chain.residual = x0.clone(), r0.clone()
-        chain.step(prefetch, pdl)
+        chain.step(*set_variant(chain, name))
         outputs[name] = torch.cat([chain.x, chain.residual])
     chain.x, chain.residual = x0, r0
-    return {name: bool(torch.equal(out, outputs["plain"])) for name, out in outputs.items()}
+    return {name: bool(torch.equal(out, outputs[reference_of(name)])) for name, out in outputs.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 128, 224])
     ap.add_argument("--rounds", type=int, default=3, help="each variant timed this many times, interleaved")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--json", type=Path, default=None)
     given = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(given)
     results: Dict[str, dict] = {}
     for rows in args.rows:
         chain = Chain(rows)
-        same = same_result(chain)
-        times: Dict[str, list] = {name: [] for name in VARIANTS}
+        names = sorted(set(args.variants) | {reference_of(n) for n in args.variants}, key=list(VARIANTS).index)
+        same = same_result(chain, names)
+        times: Dict[str, list] = {name: [] for name in names}
         for _ in range(args.rounds):
-            for name, (prefetch, pdl) in VARIANTS.items():
+            for name in names:
+                prefetch, pdl = set_variant(chain, name)
                 times[name].append(graph_layer_us(lambda c=chain, p=prefetch, d=pdl: c.step(p, d)))
         scrub = scrub_only_us(chain)
         results[str(rows)] = {"us_per_layer": {name: min(t) for name, t in times.items()}, "all_rounds": times,
-                              "stand_in_attention_us": scrub, "same_result_as_plain": same}
-        line = "  ".join(f"{name} {min(t):6.2f}" for name, t in times.items())
-        print(f"rows {rows:4d}: us per layer  {line}   (stand-in attention alone {scrub:.2f}; "
-              f"bit-equal outputs {same})", flush=True)
+                              "stand_in_attention_us": scrub, "same_result_as_reference": same}
+        line = "\n  ".join(f"{name:26s} {min(t):6.2f}" for name, t in times.items())
+        print(f"rows {rows:4d}: us per layer (stand-in attention alone {scrub:.2f}; bit-equal to the reference "
+              f"{same})\n  {line}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"meta": meta.run_meta("python -m bench layer-chain", given, gpu=True),
                                          "results": results}, indent=1))
