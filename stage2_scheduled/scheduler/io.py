@@ -17,8 +17,15 @@ class SchedulerIOMixin:
     def __init__(self, config: SchedulerConfig) -> None:
         if not config.offline_mode:
             raise NotImplementedError("the scheduler's ZMQ IO arrives in stage3; stage2 runs offline (llm.LLM)")
-        self.receive_msg = self.offline_receive_msg
-        self.send_result = self.offline_send_result
+
+    # Methods rather than upstream's bound methods stored on the object (`self.receive_msg =
+    # self.offline_receive_msg`): those form a reference cycle, which kept a deleted LLM and its memory alive until
+    # the garbage collector ran.
+    def receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
+        return self.offline_receive_msg(blocking)
+
+    def send_result(self, reply: List[DetokenizeMsg]) -> None:
+        self.offline_send_result(reply)
 
     def offline_receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
         """New messages; with blocking=True the scheduler is idle and waits for at least one."""

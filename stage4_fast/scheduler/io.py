@@ -14,7 +14,7 @@ ranks (processes it started, see ``llm/tp.py``) cannot tell it from the server's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, Callable, List
 
 import msgpack
 
@@ -29,16 +29,23 @@ SUBSCRIBE_TIMEOUT_S = 600.0
 
 
 class SchedulerIOMixin:
+    _receive_route: Callable[..., List[BaseBackendMsg]]  # set in __init__, called with self
+    _send_route: Callable[..., None]
+
     def __init__(self, config: SchedulerConfig, tp_cpu_group: object | None = None) -> None:
         self._io_queues: list = []
         self.tp_cpu_group = tp_cpu_group
+        # The routes are the class's functions, called with self by receive_msg / send_result, not bound methods
+        # stored on the object as upstream does (`self.receive_msg = self.offline_receive_msg`): those form a
+        # reference cycle, which kept a deleted LLM and its memory alive until the garbage collector ran.
+        cls = type(self)
         self._offline_tp = config.offline_mode and config.tp_info.size > 1
         if config.offline_mode:
-            self.receive_msg = self.offline_receive_msg
-            self.send_result = self.offline_send_result
+            self._receive_route = cls.offline_receive_msg
+            self._send_route = cls.offline_send_result
             if config.tp_info.size > 1:  # stage 4: the offline LLM is rank 0 and broadcasts what it feeds itself
                 self._send_to_ranks = self._open_broadcast(config)
-                self.receive_msg = self._receive_msg_offline_rank0
+                self._receive_route = cls._receive_msg_offline_rank0
             return
         tp_info = config.tp_info
         if tp_info.is_primary():
@@ -52,15 +59,22 @@ class SchedulerIOMixin:
             self._send_to_ranks: ZmqPubQueue | None = None
             if tp_info.size > 1:
                 self._send_to_ranks = self._open_broadcast(config)
-            self.receive_msg = self._receive_msg_rank0
-            self.send_result = self._send_result_rank0
+            self._receive_route = cls._receive_msg_rank0
+            self._send_route = cls._send_result_rank0
         else:
             self._recv_from_rank0: ZmqSubQueue[BaseBackendMsg] = ZmqSubQueue(
                 config.zmq_scheduler_broadcast_addr, False, BaseBackendMsg.decoder
             )
             self._io_queues.append(self._recv_from_rank0)
-            self.receive_msg = self._receive_msg_other_rank
-            self.send_result = self._send_result_other_rank
+            self._receive_route = cls._receive_msg_other_rank
+            self._send_route = cls._send_result_other_rank
+
+    def receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
+        """New messages; with blocking=True the scheduler is idle and waits for at least one."""
+        return self._receive_route(self, blocking)
+
+    def send_result(self, reply: List[BaseTokenizerMsg]) -> None:
+        self._send_route(self, reply)
 
     def _open_broadcast(self, config: SchedulerConfig) -> ZmqPubQueue:
         """Rank 0's PUB socket, once every other rank has subscribed; if they do not, the sockets opened so far are

@@ -10,6 +10,7 @@ argmax equal wherever HF's top-2 gap is clear).
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import itertools
 
@@ -232,7 +233,7 @@ def test_fp32_engine_matches_hf_on_gpu(model, backend, graphs):
 def test_an_engine_started_after_another_one_shut_down_gets_its_memory():
     """Two LLMs in turn in one process (a notebook, a benchmark comparing configurations): the second sizes its KV
     pool from what is free once the first is gone, not from what torch's allocator cache left on the device. No
-    gc.collect() here: a dropped LLM lingers in reference cycles, and the engine must collect it itself."""
+    gc.collect() here: the engine must not need one."""
     from stage4_fast import LLM
 
     from .helpers import greedy
@@ -246,6 +247,31 @@ def test_an_engine_started_after_another_one_shut_down_gets_its_memory():
         llm.shutdown()
         del llm
     assert pages[1] >= 0.95 * pages[0], pages
+
+
+def test_a_deleted_llm_gives_its_gpu_memory_back_without_the_garbage_collector():
+    """`llm.shutdown(); del llm` releases the weights, the KV pool and the graphs' buffers at once (to torch's
+    allocator cache, which the next engine empties): nothing the LLM holds points back at it, so no garbage
+    collection is needed first."""
+    from stage4_fast import LLM
+
+    from .helpers import greedy
+
+    path = str(prepared_model("tiny-qwen3"))
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    gc.disable()
+    try:
+        llm = LLM(path, dtype=torch.bfloat16, cuda_graph_max_bs=8)
+        llm.generate([[1, 2, 3]], greedy(4), use_tqdm=False)
+        held = torch.cuda.memory_allocated() - before
+        llm.shutdown()
+        del llm
+        left = torch.cuda.memory_allocated() - before
+    finally:
+        gc.enable()
+    print(f"held {held / 2**30:.2f} GiB, left {left / 2**20:.1f} MiB")
+    assert held > 1 << 30 and left < 0.01 * held, (held, left)
 
 
 REL_L2_BOUND = 5e-2  # bf16 logits vs HF bf16 over 28 layers; the measured values are printed

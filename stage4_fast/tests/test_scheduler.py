@@ -3,8 +3,10 @@ workload, chunked prefill interleaved with decode, prefix reuse, and requests th
 
 from __future__ import annotations
 
+import gc
 import itertools
 import random
+import weakref
 from typing import List, Tuple
 
 import pytest
@@ -357,3 +359,19 @@ def test_a_prompt_chunks_sampled_token_goes_to_the_last_column():
     for req in batch.reqs:
         req.complete_one()
     assert Scheduler._length_finished(batch) == [True, False]  # the chunk produces no token to continue from
+
+
+def test_a_deleted_llm_is_freed_without_the_garbage_collector(tiny_model):
+    """`del llm` frees the LLM and its engine (and with them the weights and the KV pool) at once: nothing the LLM
+    holds points back at it. Upstream stored bound methods on it (`self.receive_msg = self.offline_receive_msg`), a
+    reference cycle that kept everything until the garbage collector ran."""
+    llm = make_llm(tiny_model("qwen3"))
+    llm.generate([[5, 6, 7]], greedy(3), use_tqdm=False)
+    scheduler, engine = weakref.ref(llm), weakref.ref(llm.engine)
+    gc.disable()
+    try:
+        llm.shutdown()
+        del llm
+        assert scheduler() is None and engine() is None
+    finally:
+        gc.enable()
