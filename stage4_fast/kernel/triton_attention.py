@@ -60,18 +60,24 @@ def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
 def _attend_key_block(
     q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION: tl.constexpr,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr, D_PADDED: tl.constexpr,
 ):
     """Fold one block of keys (positions ``pos``, ``n_mask`` = inside the range) into the online softmax of the
     query rows ``q``: running max ``m_i``, sum ``l_i`` and weighted values ``acc``, in base 2 (``sm_scale``
     includes log2(e), so each score takes one multiply and an ex2). ``visible`` [rows, keys] masks scores (the
     range, and causality in prefill). MASKED=False: every key of the block is in range and visible, so no load is
-    predicated and no score selected (about a quarter of the decode loop's instructions). Both kernels call it;
-    Triton inlines it."""
+    predicated and no score selected (about a quarter of the decode loop's instructions). D_PADDED: the head
+    dimension is not a power of two, so the rows' padding columns are masked even then (they would read the next
+    head's values or past the pool's end: garbage, and a NaN there makes the zero-padded q's dot NaN). Both kernels
+    call it; Triton inlines it."""
     if MASKED:
         slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    elif D_PADDED:
+        slots = tl.load(PageTable + row * stride_pt + pos).to(tl.int64)
+        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=d_mask[None, :],
+                    other=0.0)
     else:
         slots = tl.load(PageTable + row * stride_pt + pos).to(tl.int64)
         k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :])
@@ -85,6 +91,9 @@ def _attend_key_block(
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:
         v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+    elif D_PADDED:
+        v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=d_mask[None, :],
+                    other=0.0)
     else:
         v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :])
     v = v.to(q.dtype)
@@ -142,6 +151,7 @@ def _decode_split_kernel(
             acc, m_i, l_i = _attend_key_block(
                 q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
                 stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False,
+                BLOCK_D != HEAD_DIM,
             )
         if full_end < end:
             pos = full_end + offs_n
@@ -149,6 +159,7 @@ def _decode_split_kernel(
             acc, m_i, l_i = _attend_key_block(
                 q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
                 stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
+                BLOCK_D != HEAD_DIM,
             )
     else:  # every block masked
         for n0 in range(start, end, BLOCK_N):
@@ -157,6 +168,7 @@ def _decode_split_kernel(
             acc, m_i, l_i = _attend_key_block(
                 q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
                 stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
+                BLOCK_D != HEAD_DIM,
             )
 
     out_mask = h_mask[:, None] & d_mask[None, :]
@@ -245,6 +257,7 @@ def _prefill_kernel(
         acc, m_i, l_i = _attend_key_block(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
             stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False,
+            BLOCK_D != HEAD_DIM,
         )
     end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)  # the causal horizon of this query block
     for n0 in range(full_end, end, BLOCK_N):
@@ -254,6 +267,7 @@ def _prefill_kernel(
         acc, m_i, l_i = _attend_key_block(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
             stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
+            BLOCK_D != HEAD_DIM,
         )
     out = acc / l_i[:, None] * v_scale
     tl.store(Out + tokens[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],

@@ -37,6 +37,28 @@ def test_prefill_with_cached_prefix_matches_reference(num_qo_heads, num_kv_heads
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_a_head_dim_below_the_block_reads_nothing_past_each_head():
+    """head_dim 48 runs in 64-wide blocks: the padding columns of a K/V row are masked in every key block, the
+    whole ones too. Here the pool's rows are views of 64-wide rows whose last 16 values are NaN; an unmasked load
+    read them (and with them, in a real pool, the next head's values or memory past its end) and made rows NaN."""
+    seq_lens, extend = [5, 37, 18, 1], [5, 20, 1, 1]
+    _, k, v, pt, tidx, lens = _paged_setup(0, seq_lens, 2, 48)
+    k_wide = torch.full((k.shape[0], 2, 64), float("nan"))
+    v_wide = torch.full_like(k_wide, float("nan"))
+    k_wide[..., :48], v_wide[..., :48] = k, v
+    k_view, v_view = k_wide[..., :48], v_wide[..., :48]
+    gen = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0] + extend).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu[-1]), 6, 48, generator=gen)
+    out = prefill_attention(q, k_view, v_view, pt, tidx, cu, lens, max(extend), 48**-0.5)
+    torch.testing.assert_close(out, paged_attention_ref(q, k, v, pt, tidx, cu, lens, 48**-0.5), atol=1e-5, rtol=1e-5)
+    q1 = torch.randn(len(seq_lens), 6, 48, generator=gen)
+    one = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    out = decode_attention(q1, k_view, v_view, pt, tidx, lens, 48**-0.5, 2)
+    torch.testing.assert_close(out, paged_attention_ref(q1, k, v, pt, tidx, one, lens, 48**-0.5), atol=1e-5,
+                               rtol=1e-5)
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 5])
 @pytest.mark.parametrize("num_qo_heads,num_kv_heads,head_dim", [(4, 2, 32), (8, 1, 64), (3, 3, 16)])
 def test_decode_matches_reference(num_qo_heads, num_kv_heads, head_dim, num_splits):
