@@ -297,7 +297,8 @@ def markdown(results: dict, images: list[str]) -> str:
               f"- offline: {results['offline_workload']}, EOS ignored, output tokens / wall time of one `generate` "
               "call. HF: one left-padded batch decoded to the longest output (only the requested tokens count); "
               "stage0: one request after another; stage1: one static batch; stage2+: continuous batching.",
-              "- server: `/v1/completions` streamed (httpx), token-id prompts "
+              # runs before the client was recorded used httpx
+              f"- server: `/v1/completions` streamed ({results.get('http_client', 'httpx')}), token-id prompts "
               f"randint{tuple(sizes['serve_prompt_len'])}, {sizes['serve_output_len']} output tokens, greedy, EOS "
               "ignored; "
               + ", ".join(f"{c} client{'s' if c != '1' else ''}: {n} requests" for c, n in

@@ -25,6 +25,7 @@ from . import meta
 from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES
 from .meta import ROOT
 from .report import TITLE, ablation_rows, ablation_table, markdown, plot_all, stage_table
+from .stream_client import DEFAULT_HTTP_CLIENT
 from .workloads import SIZES, offline_workload
 
 NO_PLOTS = 'note: matplotlib is not installed, so this run writes no plots (pip install -e ".[bench]")'
@@ -258,6 +259,7 @@ def main(argv: list[str]) -> int:
         "offline_workload": w.note + f" ({w.prompt_tokens:,} prompt / {w.output_tokens:,} output tokens)",
         "offline_requests": len(w.prompts), "sizes": asdict(sizes),
         "serve_requests": {str(c): sizes.serve_requests[c] for c in sizes.serve_clients}, "jobs": {},
+        "http_client": DEFAULT_HTTP_CLIENT,
     }
     foreign = ForeignCPU()
     bar = tqdm(jobs, desc="bench", unit="job", dynamic_ncols=True)

@@ -7,7 +7,8 @@ real batching, prefix cache and messages) except that the engine's forward is re
 token per request in no time (`--step-ms` adds a sleep per step, like a GPU step). What is left is what the
 processes between the scheduler and the HTTP stream cost per token: the burst's output tokens per second is the
 ceiling the serving path puts on a fast GPU, and each process's CPU seconds per streamed token say where it goes.
-The client processes (httpx, one asyncio loop each, as `python -m bench`'s server jobs) are measured too.
+The client processes (one asyncio loop each, as `python -m bench`'s server jobs; aiohttp, or httpx with
+`--http-client httpx`) are measured too.
 
 Every sampled id is a real token of the model's tokenizer (ids from [100, vocab - 100)), so every token streams
 text, and prompts are token ids (no tokenizer work on the way in).
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .stream_client import DEFAULT_HTTP_CLIENT, HTTP_CLIENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.0, help="sleep per scheduler step (a GPU step's time)")
     ap.add_argument("--server-args", default="", help="more flags for the server, e.g. '--page-size 16'")
     ap.add_argument("--client-procs", type=int, default=1, help="client processes the burst is spread over")
+    ap.add_argument("--http-client", choices=HTTP_CLIENTS, default=DEFAULT_HTTP_CLIENT, help="the clients' library")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
     args, rest = ap.parse_known_args(argv)
@@ -138,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         # the launcher (API server) starts the scheduler, then the tokenizer/detokenizer worker
         workers = sorted((c for c in psutil.Process(proc.pid).children(recursive=True)
                           if "resource_tracker" not in " ".join(c.cmdline())), key=lambda c: c.create_time())
-        names = {os.getpid(): "clients (httpx)", proc.pid: "api server"}
+        names = {os.getpid(): f"clients ({args.http_client})", proc.pid: "api server"}
         names.update(zip([c.pid for c in workers], ["scheduler", "detokenizer"]))
         before = _cpu_seconds(list(names))
         w = Workload("burst", prompts(args.requests), [args.output_len] * args.requests)
-        r = _run_burst(url, w, args.client_procs)
+        r = _run_burst(url, w, args.client_procs, args.http_client)
         after = _cpu_seconds(list(names))
     finally:
         if proc.poll() is None:
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(60)
     tokens = r["output_tokens"]
     res = {"requests": args.requests, "output_len": args.output_len, "step_ms": args.step_ms,
+           "http_client": args.http_client, "client_processes": args.client_procs,
            "server_args": args.server_args, "seconds": r["seconds"], "output_tokens": tokens, "tok_s": r["tok_s"],
            "chunks_per_token": r["chunks_per_token"], "wrong_lengths": r["wrong_lengths"],
            "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),

@@ -46,6 +46,7 @@ from .adapters import (
     sync,
 )
 from .meta import relative
+from .stream_client import DEFAULT_HTTP_CLIENT, HTTP_CLIENTS, open_client, stream_completion
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
 TASKS = ["prefill", "decode", "offline", "offline_warm", "serve", "serve_offline", "shared_prefix", "long_prompt"]
@@ -193,77 +194,53 @@ def task_long_prompt(adapter, sizes: Sizes, vocab: int, device: torch.device) ->
 
 # ---- server tasks ---------------------------------------------------------------------------------------------------
 
-async def _stream_one(client, url: str, prompt: list[int], max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    chunks, tokens = [], None
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            data = json.loads(line[5:])
-            if data.get("choices"):
-                chunks.append(time.perf_counter() - t0)
-            if data.get("usage"):
-                tokens = data["usage"]["completion_tokens"]
-    # TPOT = per-token decode time of this request; ITL = gaps between chunks (a chunk can carry more than one
-    # token when the detokenizer holds back an incomplete UTF-8 character)
-    tpot = (chunks[-1] - chunks[0]) / (tokens - 1) if tokens and tokens > 1 else None
-    return {"ttft": chunks[0], "itl": [b - a for a, b in zip(chunks, chunks[1:])], "tokens": tokens,
-            "chunks": len(chunks), "tpot": tpot, "latency": chunks[-1]}
-
-
-async def _stream_all(url: str, w: Workload, concurrency: int) -> tuple[list[dict], float, float]:
+async def _stream_all(url: str, w: Workload, concurrency: int,
+                      http_client: str = DEFAULT_HTTP_CLIENT) -> tuple[list[dict], float, float]:
     """`concurrency` clients, each sending its next request as soon as its previous one is done; returns each
     request's figures and the start and end time (perf_counter: one clock for every process of the machine)."""
-    import httpx
-
     queue: asyncio.Queue = asyncio.Queue()
     for p, o in zip(w.prompts, w.output_lens):
         queue.put_nowait((p, o))
     results: list[dict] = []
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+    async with open_client(http_client, concurrency + 4) as client:
         async def client_loop() -> None:
             while not queue.empty():
                 p, o = queue.get_nowait()
-                results.append({**await _stream_one(client, url, p, o), "expected": o})
+                results.append({**await stream_completion(client, url, p, o), "expected": o})
 
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
         return results, t0, time.perf_counter()
 
 
-async def _run_clients(url: str, w: Workload, concurrency: int) -> dict:
-    results, t0, t1 = await _stream_all(url, w, concurrency)
+async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
+    results, t0, t1 = await _stream_all(url, w, concurrency, http_client)
     return {"concurrency": concurrency, **_summary(results, t1 - t0)}
 
 
-def _client_process(url: str, w: Workload, start: Any, out: Any) -> None:
+def _client_process(url: str, w: Workload, start: Any, out: Any, http_client: str) -> None:
     start.wait()  # every client process begins together: one burst
-    out.put(asyncio.run(_stream_all(url, w, len(w.prompts))))
+    out.put(asyncio.run(_stream_all(url, w, len(w.prompts), http_client)))
 
 
 def burst_client_processes() -> int:
-    """A Python client process (httpx, one event loop) spends tens of CPU µs per streamed chunk (60-80 on the 2-core
-    dev machine, `python -m bench.serve_path`), so one process cannot take the ~25k chunks/s a GPU server sends:
-    the burst would measure the client. A quarter of the cores, 1 to 4."""
+    """A Python client process (one event loop) spends tens of CPU µs per streamed chunk (`python -m bench
+    serve-path` reports them), so one process cannot take the ~25k chunks/s a GPU server sends: the burst would
+    measure the client. A quarter of the cores, 1 to 4."""
     return max(1, min(4, physical_cores() // 4))
 
 
-def _run_burst(url: str, w: Workload, processes: int) -> dict:
+def _run_burst(url: str, w: Workload, processes: int, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
     """Every request of `w` at once, spread over `processes` client processes (round robin)."""
     if processes <= 1:
-        return {"client_processes": 1, **asyncio.run(_run_clients(url, w, len(w.prompts)))}
+        return {"client_processes": 1, **asyncio.run(_run_clients(url, w, len(w.prompts), http_client))}
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")  # the parent holds no CUDA state (server jobs load no engine)
     start, out = ctx.Barrier(processes), ctx.Queue()
     parts = [Workload(w.name, w.prompts[i::processes], w.output_lens[i::processes]) for i in range(processes)]
-    procs = [ctx.Process(target=_client_process, args=(url, part, start, out), daemon=True) for part in parts]
+    procs = [ctx.Process(target=_client_process, args=(url, part, start, out, http_client), daemon=True)
+             for part in parts]
     for proc in procs:
         proc.start()
     done = [out.get() for _ in procs]
@@ -277,21 +254,18 @@ def _run_burst(url: str, w: Workload, processes: int) -> dict:
 async def _run_rate(url: str, w: Workload, rate: float, seed: int = 0) -> dict:
     """Open loop, like SGLang's and vLLM's ``bench_serving --request-rate``: requests arrive as a Poisson process of
     ``rate`` requests/s (seeded exponential gaps) whether or not earlier ones are done."""
-    import httpx
-
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     for _ in w.prompts:
         arrivals.append(t)
         t += rng.expovariate(rate)
     results: list[dict] = []
-    limits = httpx.Limits(max_connections=len(w.prompts) + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+    async with open_client(DEFAULT_HTTP_CLIENT, len(w.prompts) + 4) as client:
         t0 = time.perf_counter()
 
         async def send(at: float, p: list[int], o: int) -> None:
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
-            results.append({**await _stream_one(client, url, p, o), "expected": o})
+            results.append({**await stream_completion(client, url, p, o), "expected": o})
 
         await asyncio.gather(*(send(a, p, o) for a, p, o in zip(arrivals, w.prompts, w.output_lens)))
         wall = time.perf_counter() - t0
@@ -320,14 +294,14 @@ def task_serve(stage: str, model: str, sizes: Sizes, vocab: int, dtype: str, log
 
 
 def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: str, log: Path,
-                       options: dict) -> dict:
+                       options: dict, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
     with launch_server(stage, model, log, dtype, **options) as url:
         # warm up on a prompt outside the workload (the workload's own first prompt would then come from the cache)
         asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
-        r = _run_burst(url, w, burst_client_processes())
+        r = _run_burst(url, w, burst_client_processes(), http_client)
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
             "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
-            "client_processes": r["client_processes"],
+            "client_processes": r["client_processes"], "http_client": http_client,
             **{f"{k}_p{q}_s": _quantile(r[f"{k}_s"], q / 100) for k in ("ttft", "itl", "tpot") for q in (50, 99)}}
 
 
@@ -393,7 +367,7 @@ def run(args: argparse.Namespace) -> dict:
         elif t == "serve":
             r = task_serve(args.stage, args.model, sizes, vocab, dtype_name, log, options)
         else:
-            r = task_serve_offline(args.stage, args.model, w, vocab, dtype_name, log, options)
+            r = task_serve_offline(args.stage, args.model, w, vocab, dtype_name, log, options, args.http_client)
         result["tasks"][t] = r
     return result
 
@@ -409,6 +383,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, the GPU workloads")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     ap.add_argument("--log", default=None, help="where a launched server writes its output")
+    ap.add_argument("--http-client", choices=HTTP_CLIENTS, default=DEFAULT_HTTP_CLIENT,
+                    help="the burst's client library (serve_offline)")
     args = ap.parse_args(argv)
     if args.stage not in LLM_STAGES and any(t in ("shared_prefix", "long_prompt") for t in args.task.split(",")):
         raise SystemExit(f"{args.stage} has no scheduler: shared_prefix / long_prompt need stage2+")

@@ -20,7 +20,7 @@ def test_serve_runs_never_repeat_a_prompt(monkeypatch):
     the 16-client run look faster: the warm-up and every run must send prompts of their own."""
     sent: list[tuple[int, ...]] = []
 
-    async def fake_run_clients(url, w, concurrency):
+    async def fake_run_clients(url, w, concurrency, http_client=None):
         sent.extend(tuple(p) for p in w.prompts)
         return {"concurrency": concurrency, **worker._summary([], 1.0)}
 
@@ -49,7 +49,7 @@ def test_request_rate_sends_on_a_seeded_poisson_schedule(monkeypatch):
         sent_at.append(asyncio.get_running_loop().time() - loop_start[0])
         return {"ttft": 0.01, "itl": [0.01], "tokens": max_tokens, "chunks": 2, "tpot": 0.01, "latency": 0.02}
 
-    monkeypatch.setattr(worker, "_stream_one", fake_stream_one)
+    monkeypatch.setattr(worker, "stream_completion", fake_stream_one)
     w = worker.serve_workload(SIZES["cpu", True], 49152, 6, seed=1)
     rate = 40.0
 
@@ -82,18 +82,19 @@ def test_a_burst_spread_over_client_processes_sends_every_request_once(monkeypat
         return {"ttft": 0.01, "itl": [0.01], "tokens": max_tokens, "chunks": 2, "tpot": 0.01, "latency": 0.02,
                 "prompt": tuple(prompt)}
 
-    monkeypatch.setattr(worker, "_stream_one", fake_stream_one)
+    monkeypatch.setattr(worker, "stream_completion", fake_stream_one)
     w = worker.serve_workload(SIZES["cpu", True], 49152, 7, seed=2)
     r = worker._run_burst("http://fake", w, 3)
     assert r["client_processes"] == 3 and r["requests"] == 7 and r["wrong_lengths"] == 0
     assert r["output_tokens"] == sum(w.output_lens) and len(r["ttft_s"]) == 7
 
 
-@pytest.mark.parametrize("stage", ["stage3_served", "stage4_fast"])
-def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, tmp_path):
+@pytest.mark.parametrize(("stage", "http_client"), [("stage3_served", "httpx"), ("stage4_fast", "aiohttp")])
+def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, http_client, tmp_path):
     """`python -m bench serve-path` starts the stage's server with its scheduler entry replaced by a stub: the stub
     must keep to the launcher's start-up protocol (worker setup, the scheduler's acknowledgement), which the stage's
-    own entry defines, so a change there shows here and not on the next measurement."""
+    own entry defines, so a change there shows here and not on the next measurement. Each of the two client
+    libraries reads a real server's streams here (every token counted, the usage chunk read)."""
     import json
     import subprocess
 
@@ -102,9 +103,11 @@ def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, tmp_path
         subprocess.run([sys.executable, "-m", "models", "make", "tiny-qwen3"], cwd=REPO, check=True)
     out = tmp_path / "serve_path.json"
     run = subprocess.run([sys.executable, "-m", "bench", "serve-path", "--stage", stage, "--requests", "4",
-                          "--output-len", "6", "--prompt-len", "8", "16", "--json", str(out)],
+                          "--output-len", "6", "--prompt-len", "8", "16", "--http-client", http_client,
+                          "--json", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["output_tokens"] == 24 and res["wrong_lengths"] == 0
-    assert set(res["cpu_us_per_token"]) == {"clients (httpx)", "api server", "scheduler", "detokenizer"}
+    assert set(res["cpu_us_per_token"]) == {f"clients ({http_client})", "api server", "scheduler", "detokenizer"}
+    assert res["http_client"] == http_client
