@@ -64,6 +64,8 @@ def serialize_type(obj: Any) -> Any:
             for name in encoded:
                 fields[name] = [serialize_type(v) for v in fields[name]]
             return {_TYPE: _COLUMNS, "cls": cls.__name__, "fields": fields, "encoded": encoded}
+        if _is_plain(obj):  # a prompt's token ids: msgpack packs the list as it is (one check instead of a call each)
+            return obj if type(obj) is list else list(obj)
         return [serialize_type(v) for v in obj]
     if isinstance(obj, (bool, int, float, str, bytes)):  # subclasses (e.g. enums) of the plain types
         return obj
@@ -110,5 +112,5 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
         kwargs = {k: deserialize_type(cls_map, v) for k, v in data.items() if k != _TYPE}
         return cls(**kwargs)
     if isinstance(data, list):
-        return [deserialize_type(cls_map, v) for v in data]
+        return data if _is_plain(data) else [deserialize_type(cls_map, v) for v in data]
     return data

@@ -54,6 +54,19 @@ def test_user_msg_round_trip_keeps_ids_and_sampling_params():
     assert msg.input_ids[0] == 1
 
 
+def test_plain_lists_pass_as_they_are_and_lists_of_messages_still_decode():
+    """A prompt's token ids travel as the list itself (no call per id); a list that holds messages, alone or beside
+    plain values, is still walked on both ends."""
+    ids = list(range(100, 700))
+    msg = TokenizeMsg(uid=3, text=ids, sampling_params=SamplingParams(stop_token_ids=[2, 7]))
+    encoded = msg.encoder()
+    assert encoded["text"] is ids
+    assert _same(_wire(msg, BaseTokenizerMsg), msg)
+    mixed = TokenizeMsg(uid=4, text=[1, AbortMsg(uid=9), "x"], sampling_params=SamplingParams())
+    back = _wire(mixed, BaseTokenizerMsg)
+    assert back.text[0] == 1 and isinstance(back.text[1], AbortMsg) and back.text[1].uid == 9 and back.text[2] == "x"
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.float16])
 def test_tensor_dtypes_and_shapes_are_bit_exact(dtype):
     t = (torch.arange(12, dtype=torch.float32) * 1.37 - 3).to(dtype).reshape(3, 4)
