@@ -74,6 +74,19 @@ def serve(stage: str, argv: list[str], step_s: float) -> None:
 
 # ---- client side ---------------------------------------------------------------------------------------------------
 
+def _server_ttft_buckets(url: str) -> dict[str, int]:
+    """The API server's histogram of submit-to-first-reply times (GET /metrics): cumulative count per bucket."""
+    import httpx
+
+    out: dict[str, int] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("minisgl_time_to_first_token_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            if le != "+Inf":
+                out[le] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def _cpu_seconds(pids: list[int]) -> dict[int, float]:
     """User + system CPU seconds; for this process also its finished children (the client processes)."""
     import psutil
@@ -145,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         names = {os.getpid(): f"clients ({args.http_client})", proc.pid: "api server"}
         names.update(zip([c.pid for c in workers], ["scheduler", "detokenizer"]))
         before = _cpu_seconds(list(names))
+        ttft_before = _server_ttft_buckets(url)
         w = Workload("burst", prompts(args.requests), [args.output_len] * args.requests)
         r = _run_burst(url, w, args.client_procs, args.http_client)
         after = _cpu_seconds(list(names))
+        server_ttft = {le: n - ttft_before.get(le, 0) for le, n in _server_ttft_buckets(url).items()}
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -159,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
            "chunks_per_token": r["chunks_per_token"], "wrong_lengths": r["wrong_lengths"],
            "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),
            "itl_p50_s": _quantile(r["itl_s"], 0.5), "itl_p99_s": _quantile(r["itl_s"], 0.99),
-           "cpu_us_per_token": {}}
+           "cpu_us_per_token": {},
+           # the same requests' time to first token, cumulative counts per bucket (seconds): as the client saw it
+           # (request sent) and as the API server saw it (request parsed and submitted); a gap between the two is
+           # spent before the server submits (the client, the HTTP intake)
+           "ttft_buckets": {"client": {le: sum(t <= float(le) for t in r["ttft_s"]) for le in server_ttft},
+                            "server": server_ttft}}
     for pid, t in after.items():
         res["cpu_us_per_token"][names[pid]] = 1e6 * (t - before[pid]) / max(tokens, 1)
     print(f"{args.requests} streams x {args.output_len} tokens: {tokens:,} tokens in {r['seconds']:.2f} s = "
@@ -167,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{res['ttft_p50_s'] * 1e3:.0f}/{res['ttft_p99_s'] * 1e3:.0f} ms; wrong lengths {r['wrong_lengths']}")
     for label, us in res["cpu_us_per_token"].items():
         print(f"   {label:28s} {us:7.1f} CPU µs per token")
+    for side, counts in res["ttft_buckets"].items():
+        print(f"   TTFT <= s, {side:6s}: " + ", ".join(f"{le}: {n}" for le, n in counts.items()))
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n")
     return 0
