@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
     args, rest = ap.parse_known_args(argv)
     if args.serve:
-        serve(args.stage, rest, args.step_ms / 1e3)
+        serve(args.stage, ["--model", args.model, *rest], args.step_ms / 1e3)  # (this parser took --model)
         return 0
 
     import httpx
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() > deadline:
                 raise SystemExit(f"server not ready (log: {log.name})")
             time.sleep(0.3)
+        served_model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         vocab = json.loads(Path(args.model, "config.json").read_text())["vocab_size"]
         rng = random.Random(0)
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(60)
     tokens = r["output_tokens"]
     res = {"requests": args.requests, "output_len": args.output_len, "step_ms": args.step_ms,
-           "http_client": args.http_client, "client_processes": args.client_procs,
+           "http_client": args.http_client, "client_processes": args.client_procs, "served_model": served_model,
            "server_args": args.server_args, "seconds": r["seconds"], "output_tokens": tokens, "tok_s": r["tok_s"],
            "chunks_per_token": r["chunks_per_token"], "wrong_lengths": r["wrong_lengths"],
            "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),

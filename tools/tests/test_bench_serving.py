@@ -104,6 +104,7 @@ def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, http_cli
     out = tmp_path / "serve_path.json"
     run = subprocess.run([sys.executable, "-m", "bench", "serve-path", "--stage", stage, "--requests", "4",
                           "--output-len", "6", "--prompt-len", "8", "16", "--http-client", http_client,
+                          "--model", str(models / "tiny-qwen3"),
                           "--json", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -111,3 +112,4 @@ def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, http_cli
     assert res["output_tokens"] == 24 and res["wrong_lengths"] == 0
     assert set(res["cpu_us_per_token"]) == {f"clients ({http_client})", "api server", "scheduler", "detokenizer"}
     assert res["http_client"] == http_client
+    assert res["served_model"] == "tiny-qwen3"  # the model asked for, not the server's default
