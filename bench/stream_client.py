@@ -4,8 +4,8 @@ Two libraries can carry it. aiohttp is the default, as in SGLang's and vLLM's se
 (`sglang.bench_serving`, `vllm bench serve`). httpx (the OpenAI SDK's library) is kept for comparison: its
 connection pool scans every pending request and connection on each request and response event, so with hundreds of
 streams in one process its CPU time per request grows with their number — 256 one-token requests in one process
-took 5.3 s against 0.44 s for 64 (`python -m bench serve-path --http-client httpx --output-len 1`), and a burst of
-256 streams measured the client as much as the server.
+took 4.3–5.2 s against 0.37 s for 64 (`python -m bench serve-path --http-client httpx --output-len 1`,
+`bench/results/cpu-serve-path-client.md`), and a burst of 256 streams measured the client as much as the server.
 """
 
 from __future__ import annotations
