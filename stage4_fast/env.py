@@ -47,6 +47,8 @@ class _Env:
     DISABLE_FUSED_KV_STORE = EnvVar("DISABLE_FUSED_KV_STORE", False, _parse_bool)
     # greedy sampling's Triton argmax over 16-bit GPU logits (kernel/triton_argmax.py), off for A/B measurements
     DISABLE_TRITON_ARGMAX = EnvVar("DISABLE_TRITON_ARGMAX", False, _parse_bool)
+    # programmatic dependent launch of the Triton kernels on Hopper GPUs (kernel/pdl.py), off for A/B measurements
+    DISABLE_PDL = EnvVar("DISABLE_PDL", False, _parse_bool)
     # the Triton attention's dots over an fp8 KV cache under 16-bit queries: "fp16" (fp8 converts to it exactly and
     # cheaply; 8 % faster decode attention on the H200, bench/results/h200-history.md) or "q" (the queries' dtype),
     # for A/B runs

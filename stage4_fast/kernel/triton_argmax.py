@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_launch, pdl_wait
+
 CHUNK = 8192  # logits per program: 16 KB of bf16, eight 1,024-wide blocks
 BLOCK = 1024
 _NO_INDEX = 2**31 - 1
@@ -34,7 +36,8 @@ def _first_max(values, indices, NO_INDEX: tl.constexpr):
 
 @triton.jit
 def _argmax_chunks_kernel(Logits, ChunkVal, ChunkIdx, V, stride_row, num_chunks,
-                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, NO_INDEX: tl.constexpr):
+                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, NO_INDEX: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     base = Logits + row.to(tl.int64) * stride_row
@@ -55,7 +58,9 @@ def _argmax_chunks_kernel(Logits, ChunkVal, ChunkIdx, V, stride_row, num_chunks,
 
 
 @triton.jit
-def _argmax_rows_kernel(ChunkVal, ChunkIdx, Out, num_chunks, BLOCK_C: tl.constexpr, NO_INDEX: tl.constexpr):
+def _argmax_rows_kernel(ChunkVal, ChunkIdx, Out, num_chunks, BLOCK_C: tl.constexpr, NO_INDEX: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_C)
     mask = offs < num_chunks
@@ -75,8 +80,10 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
         return out
     chunk_val = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     chunk_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
+    pdl, pdl_options = pdl_launch(logits.device)
     _argmax_chunks_kernel[(rows, num_chunks)](logits, chunk_val, chunk_idx, vocab, logits.stride(0), num_chunks,
-                                              CHUNK=CHUNK, BLOCK=BLOCK, NO_INDEX=_NO_INDEX, num_warps=4)
+                                              CHUNK=CHUNK, BLOCK=BLOCK, NO_INDEX=_NO_INDEX, PDL=pdl, num_warps=4,
+                                              **pdl_options)
     _argmax_rows_kernel[(rows,)](chunk_val, chunk_idx, out, num_chunks, BLOCK_C=triton.next_power_of_2(num_chunks),
-                                 NO_INDEX=_NO_INDEX, num_warps=1)
+                                 NO_INDEX=_NO_INDEX, PDL=pdl, num_warps=1, **pdl_options)
     return out

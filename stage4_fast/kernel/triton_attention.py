@@ -32,6 +32,7 @@ import triton.language as tl
 
 from ..env import ENV
 from .jit import load_cuda_kernels
+from .pdl import pdl_launch, pdl_wait
 
 LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2: exp(x) = exp2(x * log2(e))
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
@@ -119,8 +120,9 @@ def _decode_split_kernel(
     sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    WHOLE_BLOCKS: tl.constexpr,
+    WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -191,8 +193,9 @@ def _decode_combine_kernel(
     MidO, MidLse, Out,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     num_splits,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -438,6 +441,7 @@ def decode_attention(
     cap = decode_max_registers(q.dtype, k_cache.dtype) if max_registers is None else max_registers
     if cap and not _interpreting():
         launch["maxnreg"] = cap
+    pdl, pdl_options = pdl_launch(q.device)
     direct = num_splits == 1
     if not direct:
         if mid_o is None:  # the graphs' layout (see SCRATCH_SPLIT_ALIGN): same strides, same compiled kernel
@@ -464,12 +468,12 @@ def decode_attention(
             sm_scale * k_scale * LOG2E, v_scale, num_splits,
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
             DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), **launch,
+            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), PDL=pdl, **launch, **pdl_options,
         )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](
             mo, ml, out, *mo_strides, *ml_strides, out.stride(0), out.stride(1), num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=head_dim, PDL=pdl, **pdl_options,
         )
     return out
 

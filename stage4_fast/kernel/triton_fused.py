@@ -25,12 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_launch, pdl_wait
 from .ref import is_fp8
 
 
 @triton.jit
 def _add_rmsnorm_kernel(X, R, W, Out, stride_x, stride_r, stride_o, N, eps,
-                        HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -57,8 +59,10 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
         assert residual.shape == x.shape and residual.stride(-1) == 1
     r = residual if residual is not None else x
     block = triton.next_power_of_2(N)
+    pdl, pdl_options = pdl_launch(x.device)
     _add_rmsnorm_kernel[(T,)](x, r, weight, out, x.stride(0), r.stride(0), out.stride(0), N, eps,
-                              HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=4 if block >= 1024 else 2)
+                              HAS_RESIDUAL=residual is not None, PDL=pdl, BLOCK=block,
+                              num_warps=4 if block >= 1024 else 2, **pdl_options)
     return out
 
 
@@ -69,10 +73,11 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
                          SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
-                         FP8_MIN_EXP: tl.constexpr):
+                         FP8_MIN_EXP: tl.constexpr, PDL: tl.constexpr):
     """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
     rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool
     (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     offs = tl.arange(0, HALF)
@@ -191,6 +196,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
     else:
         k_cache = v_cache = out_loc = q  # unused
         cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0
+    pdl, pdl_options = pdl_launch(qkv.device)
     _qk_norm_rope_kernel[(T,)](
         qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, qkv.stride(0),
         cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride, eps,
@@ -198,13 +204,14 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
         HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h,
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm, STORE_KV=kv_store is not None,
         SCALED=tuple(kv_scales) != (1.0, 1.0), FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_MIN_EXP=fp8_min_exp,
-        num_warps=4 if block_h * head_dim >= 2048 else 2,
+        PDL=pdl, num_warps=4 if block_h * head_dim >= 2048 else 2, **pdl_options,
     )
     return q, k
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Out, stride_x, stride_o, N, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -223,6 +230,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if T == 0:
         return out
     block = min(1024, triton.next_power_of_2(N))
-    _silu_and_mul_kernel[(T, triton.cdiv(N, block))](x, out, x.stride(0), out.stride(0), N, BLOCK=block,
-                                                     num_warps=4)
+    pdl, pdl_options = pdl_launch(x.device)
+    _silu_and_mul_kernel[(T, triton.cdiv(N, block))](x, out, x.stride(0), out.stride(0), N, PDL=pdl, BLOCK=block,
+                                                     num_warps=4, **pdl_options)
     return out

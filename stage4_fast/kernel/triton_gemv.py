@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_launch, pdl_wait
+
 
 @triton.jit
 def _normed_input(X, R, k, k_mask, HAS_RESIDUAL: tl.constexpr):
@@ -31,13 +33,39 @@ def _normed_input(X, R, k, k_mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def _input_slice(X, R, NormW, k, k_mask, K, rstd, GATED: tl.constexpr, NORM: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr):
+    """The layer's input at K positions ``k``, in fp32."""
+    if NORM:  # rounded where the add-RMSNorm kernel rounds: the normalised value, then its product with NormW
+        h = _normed_input(X, R, k, k_mask, HAS_RESIDUAL)
+        y = (h.to(tl.float32) * rstd).to(h.dtype)
+        nw = tl.load(NormW + k, mask=k_mask, other=0.0)
+        x = (nw.to(tl.float32) * y.to(tl.float32)).to(h.dtype).to(tl.float32)
+    elif GATED:  # X = [gate | up], 2K wide: silu(gate) * up, rounded where the unfused kernels round
+        g = tl.load(X + k, mask=k_mask, other=0.0)
+        u = tl.load(X + K + k, mask=k_mask, other=0.0)
+        gf = g.to(tl.float32)
+        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+        x = (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+    else:
+        x = tl.load(X + k, mask=k_mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _gemv_kernel(X, W, Bias, Y, R, NormW, ResOut, N, K, stride_wn, eps,
                  HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     offs_k = tl.arange(0, BLOCK_K)
+    w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
+    # The weights depend on no earlier kernel: the first slice is read before the wait, so under PDL its DRAM
+    # latency overlaps the previous kernel's tail (kernel/pdl.py)
+    w_first = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    pdl_wait(PDL)
+    rstd = 0.0
     if NORM:  # the input is rms_norm(x [+ residual]) * NormW: its sum of squares first (x is 2 KB, in L2 for all)
         sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -50,23 +78,12 @@ def _gemv_kernel(X, W, Bias, Y, R, NormW, ResOut, N, K, stride_wn, eps,
             sum_sq += hf * hf
         rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # element-wise partial sums: one reduction at the end
-    w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
-    for k0 in range(0, K, BLOCK_K):
+    acc += w_first.to(tl.float32) * _input_slice(X, R, NormW, offs_k, offs_k < K, K, rstd, GATED, NORM,
+                                                 HAS_RESIDUAL)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < K
-        if NORM:  # rounded where the add-RMSNorm kernel rounds: the normalised value, then its product with NormW
-            h = _normed_input(X, R, k, k_mask, HAS_RESIDUAL)
-            y = (h.to(tl.float32) * rstd).to(h.dtype)
-            nw = tl.load(NormW + k, mask=k_mask, other=0.0)
-            x = (nw.to(tl.float32) * y.to(tl.float32)).to(h.dtype).to(tl.float32)
-        elif GATED:  # X = [gate | up], 2K wide: silu(gate) * up, rounded where the unfused kernels round
-            g = tl.load(X + k, mask=k_mask, other=0.0)
-            u = tl.load(X + K + k, mask=k_mask, other=0.0)
-            gf = g.to(tl.float32)
-            s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-            x = (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
-        else:
-            x = tl.load(X + k, mask=k_mask, other=0.0).to(tl.float32)
+        x = _input_slice(X, R, NormW, k, k_mask, K, rstd, GATED, NORM, HAS_RESIDUAL)
         w = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         acc += w * x[None, :]
     y = tl.sum(acc, axis=1)
@@ -125,8 +142,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y:
     n, k = weight.shape
     block_n, block_k, warps = launch or gemv_launch(n)
     residual, norm_weight, stream, eps = norm if norm is not None else (x, x, x, 0.0)  # unused without NORM
+    pdl, pdl_options = pdl_launch(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, y, residual, norm_weight, stream, n, k, weight.stride(0), eps,
-        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=has_residual,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=has_residual, PDL=pdl,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl_options,
     )

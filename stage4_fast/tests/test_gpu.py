@@ -191,6 +191,81 @@ def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
             torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
 
 
+def _one_token_chain(weights: list, pool: dict, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """The kernels of a one-token decode step as the engine chains them (GEMVs with the norm and the SiLU folded in,
+    the q/k norm + RoPE with the KV store, the split decode attention and its merge, then the final norm, an LM
+    head GEMV and the argmax); returns the token. Writes x, residual and the pools in place."""
+    from stage4_fast.kernel import greedy_argmax, triton_attention, triton_fused, triton_gemv
+
+    h = x
+    for w in weights:
+        qkv, res = triton_gemv.normed_gemv(h, residual, w["n1"], 1e-6, w["qkv"])
+        q, _ = triton_fused.qk_norm_rope(qkv, 16, 8, 128, w["qn"], w["kn"], 1e-6, pool["cos_sin"], pool["pos"],
+                                         kv_store=(w["kc"], w["vc"], pool["loc"]))
+        a = triton_attention.decode_attention(q, w["kc"], w["vc"], pool["table"], pool["table_idx"],
+                                              pool["lens"], 128**-0.5, 4, mid_o=pool["mid_o"],
+                                              mid_lse=pool["mid_lse"])
+        o = triton_gemv.gemv(a.view(1, -1), w["o"])
+        gu, res = triton_gemv.normed_gemv(o, res, w["n2"], 1e-6, w["gu"])
+        h = triton_gemv.gemv(gu, w["down"], gated=True)
+        residual.copy_(res)
+    x.copy_(h)
+    normed = triton_fused.add_rmsnorm(h, residual, pool["final_norm"], 1e-6)
+    return greedy_argmax(triton_gemv.gemv(normed, pool["lm_head"]))
+
+
+def test_one_token_chain_gives_the_same_bits_with_dependent_launch_in_a_graph(monkeypatch):
+    """kernel/pdl.py: each kernel waits for the one before it before reading its results, so launching the chain
+    with programmatic dependent launch (replayed from a CUDA graph, where it overlaps) changes no bit of the
+    hidden state, the residual stream, the KV written into the pool or the token, against eager launches without
+    it. 8 layers at the Qwen3-0.6B shape, each with its own weights."""
+    from stage4_fast.kernel.pdl import pdl_launch
+
+    if not pdl_launch(torch.device(CUDA))[0]:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(CUDA, torch.bfloat16)
+
+    slots, length = 4096, 700
+    weights = [dict(n1=rand(1024) + 1, qkv=rand(4096, 1024, scale=0.03), qn=rand(128) + 1, kn=rand(128) + 1,
+                    o=rand(1024, 2048, scale=0.02), n2=rand(1024) + 1, gu=rand(6144, 1024, scale=0.03),
+                    down=rand(1024, 3072, scale=0.02), kc=rand(slots, 8, 128), vc=rand(slots, 8, 128))
+               for _ in range(8)]
+    table = torch.randperm(slots, generator=gen)[:length].to(torch.int32).view(1, -1).to(CUDA)
+    pool = dict(cos_sin=torch.randn(2048, 128, generator=gen).to(CUDA), pos=torch.tensor([length - 1], device=CUDA),
+                loc=table[:, -1].clone(), table=table, table_idx=torch.zeros(1, dtype=torch.int32, device=CUDA),
+                lens=torch.tensor([length], dtype=torch.int32, device=CUDA),
+                mid_o=torch.empty(1, 16, 16, 128, device=CUDA), mid_lse=torch.empty(1, 16, 16, device=CUDA),
+                final_norm=rand(1024) + 1, lm_head=rand(151936, 1024, scale=0.03))
+    x0, r0 = rand(1, 1024), rand(1, 1024)
+    caches0 = [(w["kc"].clone(), w["vc"].clone()) for w in weights]
+
+    def state(token):
+        return [token, x, residual] + [c for w in weights for c in (w["kc"], w["vc"])]
+
+    monkeypatch.setenv("MINISGL_DISABLE_PDL", "1")
+    x, residual = x0.clone(), r0.clone()
+    eager = [t.clone() for t in state(_one_token_chain(weights, pool, x, residual))]
+    monkeypatch.delenv("MINISGL_DISABLE_PDL")
+    x, residual = x0.clone(), r0.clone()
+    _one_token_chain(weights, pool, x, residual)  # compiles the PDL variants outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        token = _one_token_chain(weights, pool, x, residual)
+    for _ in range(2):  # a replay overlaps its kernels; the second also starts right behind the first
+        x.copy_(x0)
+        residual.copy_(r0)
+        for w, (kc, vc) in zip(weights, caches0):
+            w["kc"].copy_(kc)
+            w["vc"].copy_(vc)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(state(token), eager):
+            assert torch.equal(got, want)
+
+
 # ---- backends with the real libraries ------------------------------------------------------------------------------
 
 

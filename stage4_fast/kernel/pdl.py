@@ -1,0 +1,47 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the engine's Triton kernels.
+
+A decode step is a chain of a few hundred small dependent kernels; inside a CUDA graph each boundary still costs
+the next kernel's launch and ramp, during which the GPU waits for nothing but the start. Launched with PDL a kernel
+may start while the one before it is still running: its programs wait for that kernel's results with
+``griddepcontrol.wait`` (``pdl_wait``) before they read anything it wrote, and meanwhile may read what no earlier
+kernel writes (a GEMV's weights). Right after its wait a kernel lets the next one launch
+(``griddepcontrol.launch_dependents``): the one before has finished by then, so at most two kernels overlap and the
+second only reads constants until its wait.
+
+A kernel launched without PDL, or one that follows a kernel which never signals (cuBLAS, torch), simply starts when
+the previous kernel ends: the order of the stream is unchanged. ``MINISGL_DISABLE_PDL=1`` switches it off (A/B);
+Triton's interpreter and GPUs before compute capability 9.0 never use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Dict, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..env import ENV
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait until the previous kernel's writes are visible, then let the next kernel launch (no-ops without PDL)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@functools.lru_cache(maxsize=None)
+def _capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def pdl_launch(device: torch.device) -> Tuple[bool, Dict[str, Any]]:
+    """(the kernels' PDL flag, the extra launch options) for a launch on ``device``."""
+    if (device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1" or ENV.DISABLE_PDL.value
+            or not _capable(device.index if device.index is not None else torch.cuda.current_device())):
+        return False, {}
+    return True, {"launch_pdl": True}
