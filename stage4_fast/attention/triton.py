@@ -84,10 +84,13 @@ class TritonBackend(BaseAttnBackend):
 
     def prepare_metadata(self, batch: Batch) -> None:
         lens = make_seq_lens(batch.padded_reqs)
+        # the three int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
+        bs = len(batch.padded_reqs)
+        packed = upload(torch.cat([lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx]), self.device)
         batch.attn_metadata = TritonMetadata(
-            cu_seqlens_q=upload(lens.cu_seqlens_q, self.device),
-            seq_lens=upload(lens.seqlens_k, self.device),
-            table_idx=upload(lens.table_idx, self.device),
+            cu_seqlens_q=packed[: bs + 1],
+            seq_lens=packed[bs + 1: 2 * bs + 1],
+            table_idx=packed[2 * bs + 1:],
             max_seqlen_q=lens.max_seqlen_q,
             num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
         )

@@ -237,8 +237,10 @@ class Engine:
         with torch.inference_mode(), self.ctx.forward_batch(batch):
             if args.logprobs is not None:
                 batch.prompt_logprob_rows = args.logprobs.prompt_rows
+            greedy_tokens = None
             if self.graph_runner.can_use_cuda_graph(batch):
                 logits = self.graph_runner.replay(batch)
+                greedy_tokens = self.graph_runner.greedy_tokens(batch)
             else:
                 logits = self.model.forward()
             for req in batch.reqs:
@@ -246,7 +248,7 @@ class Engine:
             if before_sampling is not None:
                 before_sampling()
             self.sampler.fill_grammar_mask(args)
-            next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
+            next_tokens_gpu = self.sampler.sample(logits[: batch.size], args, greedy_tokens).to(torch.int32)
             logprobs = self.sampler.logprobs(logits[: batch.size], next_tokens_gpu, args, batch,
                                              self.model.lm_head.compute_logits)
             batch.prompt_hidden = None

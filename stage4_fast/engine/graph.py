@@ -11,6 +11,11 @@ batch and replay re-runs it. Like a real graph the closure never sees the batch 
 buffers, so an input that is not copied in produces a wrong result here too (a test proves it).
 
 Decode batches are padded with the engine's dummy request up to the next captured size (``pad_batch``).
+
+Each graph also ends in the greedy argmax of its logits (``greedy_tokens``): an all-greedy batch then takes its
+tokens from the replay instead of launching the argmax from the host after it, which at one stream is host time on
+every step (``bench/gpu_notes.md``, section 22). A sampled batch leaves them unread (a few microseconds of device
+time per step).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Protocol
 import torch
 
 from ..core import Batch, Req, get_global_ctx
+from ..kernel import greedy_argmax
 from ..utils.device import Stream, is_cuda, stream_context
 
 if TYPE_CHECKING:
@@ -133,6 +139,7 @@ class GraphRunner:
         self.graph_bs_list = default_graph_bs_list(device, free_memory, cuda_graph_bs, cuda_graph_max_bs)
         self.max_graph_bs = max(self.graph_bs_list, default=0)
         self.graph_map: Dict[int, Graph] = {}
+        self.greedy_of: Dict[int, torch.Tensor] = {}  # per captured size: its replay's argmax of the logits
         self.emulated = not is_cuda(device)
         if self.max_graph_bs == 0:
             return
@@ -164,9 +171,11 @@ class GraphRunner:
                 self.graph_map[bs] = graph
 
     def _forward_into_buffer(self, bs: int) -> None:
-        """The model's forward, whose LM head writes the logits into the buffer (``Batch.logits_out``)."""
+        """The model's forward, whose LM head writes the logits into the buffer (``Batch.logits_out``), then their
+        greedy argmax."""
         logits = self.model.forward()
         assert logits.data_ptr() == self.buffer.logits.data_ptr(), "the LM head must write into Batch.logits_out"
+        self.greedy_of[bs] = greedy_argmax(logits)
 
     def _make_closure(self, capture_batch: Batch) -> Callable[[], None]:
         bs = capture_batch.padded_size
@@ -200,6 +209,11 @@ class GraphRunner:
         self.attn_backend.prepare_for_replay(batch)
         self.graph_map[batch.padded_size].replay()
         return self.buffer.logits[: batch.size]
+
+    def greedy_tokens(self, batch: Batch) -> torch.Tensor:
+        """The argmax of the logits the last ``replay(batch)`` returned, int32 [batch.size] (a view of the graph's
+        output, which the next replay of that size overwrites)."""
+        return self.greedy_of[batch.padded_size][: batch.size]
 
     def destroy_cuda_graphs(self) -> None:
         for graph in self.graph_map.values():

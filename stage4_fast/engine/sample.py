@@ -255,7 +255,13 @@ class Sampler:
             rows = [uid is not None and grammar.has(uid) for uid in args.grammar_uids]
             args.grammar_rows = make_device_tensor(rows, torch.bool, self.device)
 
-    def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, args: BatchSamplingArgs,
+               greedy_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The batch's next tokens. ``greedy_tokens``: the argmax of these logits computed with them (the CUDA
+        graph's), taken for an all-greedy batch whose logits nothing changes (a copy: the next replay overwrites
+        them)."""
+        if args.temperatures is None and not args.processes_logits and greedy_tokens is not None:
+            return greedy_tokens.clone()
         if args.processes_logits:
             logits = logits.to(torch.float32, copy=True)  # the raw logits stay as they are, for the logprobs
             if args.logit_bias is not None:

@@ -258,8 +258,7 @@ class Scheduler(SchedulerIOMixin):
         self.engine.graph_runner.pad_batch(batch)
         self.cache_manager.allocate_paged(batch.reqs)
         batch.positions = _make_positions(batch, self.device)
-        input_tuple = _make_input_tuple(batch, self.device)
-        write_tuple = _make_write_tuple(batch, self.device)
+        input_tuple, write_tuple = _make_index_tuples(batch, self.device)
         batch.out_loc = self.engine.page_table[input_tuple]
         self.engine.attn_backend.prepare_metadata(batch)
         return ForwardInput(batch, self.engine.sampler.prepare(batch, self.token_pool), input_tuple, write_tuple)
@@ -491,17 +490,30 @@ def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
     return to_device(positions, device)
 
 
-def _make_input_tuple(batch: Batch, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+def _input_rows(batch: Batch) -> torch.Tensor:
+    """The token pool's row of each input token (host); its column is the token's position."""
     reqs = batch.padded_reqs
     rows = int_tensor([r.table_idx for r in reqs], torch.int64)
     if not batch.is_decode and any(r.extend_len != 1 for r in reqs):
         rows = rows.repeat_interleave(int_tensor([r.extend_len for r in reqs], torch.int64))
-    return to_device(rows, device), batch.positions.to(torch.int64)
+    return rows
 
 
-def _make_write_tuple(batch: Batch, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    # The sampled token's position is device_len before the forward. A chunk's token is junk: it goes to the last
-    # column of its own row, which is never read before the request overwrites it (as upstream).
+def _write_rows_and_cols(batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Where each request's sampled token goes in the token pool (host). The sampled token's position is device_len
+    before the forward. A chunk's token is junk: it goes to the last column of its own row, which is never read
+    before the request overwrites it (as upstream)."""
     rows = int_tensor([r.table_idx for r in batch.reqs], torch.int64)
     cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
-    return to_device(rows, device), to_device(cols, device)
+    return rows, cols
+
+
+def _make_index_tuples(batch: Batch, device: torch.device) -> Tuple[Tuple[torch.Tensor, torch.Tensor], ...]:
+    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its input ids from and writes
+    its sampled tokens to. The three host index rows go to the device in one copy (each copy costs the host a
+    pinned buffer and a launch, and at one stream the host's loop sets the pace)."""
+    input_rows = _input_rows(batch)
+    write_rows, write_cols = _write_rows_and_cols(batch)
+    n, m = input_rows.numel(), write_rows.numel()
+    packed = to_device(torch.cat([input_rows, write_rows, write_cols]), device)
+    return (packed[:n], batch.positions.to(torch.int64)), (packed[n:n + m], packed[n + m:])

@@ -92,6 +92,27 @@ def test_fused_moe_backend_matches_hf(model):
     assert llm_generate(moe, prompts, 4, moe_backend="fused", cuda_graph_max_bs=2) == hf_generate(moe, prompts, 4)
 
 
+def test_an_all_greedy_graph_batch_takes_its_tokens_from_the_graph(qwen3, monkeypatch):
+    """Every captured graph ends in the argmax of its logits. A greedy decode batch takes its tokens from there (so
+    a wrong graph output shows in its tokens); a batch whose logits are processed first (a logit bias) samples from
+    the processed logits and ignores it."""
+    from stage4_fast.tests.helpers import make_llm
+
+    def zeros(self, batch):
+        return torch.zeros(batch.size, dtype=torch.int32)
+
+    monkeypatch.setattr(graph_module.GraphRunner, "greedy_tokens", zeros)
+    outputs = llm_generate(qwen3, cuda_graph_max_bs=graph_module.EMULATION_MAX_BS)
+    assert all(out[1:] == [0] * (len(out) - 1) for out in outputs)  # the first token comes from the prefill
+    assert outputs != hf_generate(qwen3)
+    llm = make_llm(qwen3, cuda_graph_max_bs=graph_module.EMULATION_MAX_BS)
+    try:
+        biased = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logit_bias=[(7, 1e4)])
+        assert llm.generate([[1, 2, 3]], biased, use_tqdm=False)[0]["token_ids"] == [7] * 6
+    finally:
+        llm.shutdown()
+
+
 def test_graph_emulation_catches_an_input_not_copied_into_its_buffer(qwen3, monkeypatch):
     expected = hf_generate(qwen3)
 

@@ -347,14 +347,14 @@ def test_a_prompt_chunks_sampled_token_goes_to_the_last_column():
     the next chunk's prompt was copied in, and it would replace a prompt token)."""
     from stage4_fast.core import Batch, Req, SamplingParams
     from stage4_fast.scheduler.prefill import ChunkedReq
-    from stage4_fast.scheduler.scheduler import Scheduler, _make_write_tuple
+    from stage4_fast.scheduler.scheduler import Scheduler, _write_rows_and_cols
 
     ids = torch.arange(10, dtype=torch.int32)
     chunk = ChunkedReq(input_ids=ids[:6], table_idx=3, cached_len=0, output_len=4, uid=1,
                        sampling_params=SamplingParams())
     whole = Req(input_ids=ids, table_idx=5, cached_len=6, output_len=4, uid=2, sampling_params=SamplingParams())
     batch = Batch(reqs=[chunk, whole], phase="prefill")
-    rows, cols = _make_write_tuple(batch, torch.device("cpu"))
+    rows, cols = _write_rows_and_cols(batch)
     assert rows.tolist() == [3, 5] and cols.tolist() == [-1, 10]
     for req in batch.reqs:
         req.complete_one()
