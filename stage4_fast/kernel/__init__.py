@@ -4,6 +4,7 @@ needs Triton."""
 
 from __future__ import annotations
 
+import os
 from typing import Tuple
 
 import torch
@@ -11,6 +12,11 @@ import torch
 from ..env import ENV
 from .jit import load_cuda_kernels
 from .ref import indexing_ref, is_fp8, store_cache_ref
+
+
+def triton_interpreting() -> bool:
+    """Triton kernels run under its CPU interpreter (TRITON_INTERPRET=1): no launch options, no GPU-only features."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def store_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,
@@ -75,4 +81,7 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1).to(torch.int32)
 
 
-__all__ = ["fused_kernels_for", "gemv_kernel_for", "greedy_argmax", "indexing", "load_cuda_kernels", "store_cache"]
+__all__ = [
+    "fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax",
+    "indexing", "load_cuda_kernels", "store_cache",
+]

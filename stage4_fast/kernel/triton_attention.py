@@ -24,22 +24,18 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ..env import ENV
+from . import triton_interpreting as _interpreting
 from .jit import load_cuda_kernels
 from .pdl import pdl_launch, pdl_wait
 
 LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2: exp(x) = exp2(x * log2(e))
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:

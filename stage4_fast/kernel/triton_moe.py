@@ -12,12 +12,13 @@ padded length from a device scalar and idle programs exit at once.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Tuple
 
 import torch
 import triton
 import triton.language as tl
+
+from . import triton_interpreting
 
 
 @triton.jit
@@ -93,7 +94,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int,
 
 
 def get_default_config(num_tokens: int, num_experts: int) -> Dict[str, int]:
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if triton_interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1)
     if num_tokens <= num_experts:  # decode: few rows per expert
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1)

@@ -508,7 +508,8 @@ def _write_rows_and_cols(batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
     return rows, cols
 
 
-def _make_index_tuples(batch: Batch, device: torch.device) -> Tuple[Tuple[torch.Tensor, torch.Tensor], ...]:
+def _make_index_tuples(batch: Batch, device: torch.device
+                        ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
     """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its input ids from and writes
     its sampled tokens to. The three host index rows go to the device in one copy (each copy costs the host a
     pinned buffer and a launch, and at one stream the host's loop sets the pace)."""

@@ -11,6 +11,7 @@ from stage4_fast.engine import graph as graph_module
 
 from .conftest import make_engine, prepared_model
 from .fast_helpers import hf_generate, llm_generate
+from .helpers import make_llm
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +97,6 @@ def test_an_all_greedy_graph_batch_takes_its_tokens_from_the_graph(qwen3, monkey
     """Every captured graph ends in the argmax of its logits. A greedy decode batch takes its tokens from there (so
     a wrong graph output shows in its tokens); a batch whose logits are processed first (a logit bias) samples from
     the processed logits and ignores it."""
-    from stage4_fast.tests.helpers import make_llm
-
     def zeros(self, batch):
         return torch.zeros(batch.size, dtype=torch.int32)
 

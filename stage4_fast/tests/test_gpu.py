@@ -219,9 +219,10 @@ def test_one_token_chain_gives_the_same_bits_with_dependent_launch_in_a_graph(mo
     with programmatic dependent launch (replayed from a CUDA graph, where it overlaps) changes no bit of the
     hidden state, the residual stream, the KV written into the pool or the token, against eager launches without
     it. 8 layers at the Qwen3-0.6B shape, each with its own weights."""
-    from stage4_fast.kernel.pdl import pdl_launch
+    from stage4_fast.kernel import pdl
 
-    if not pdl_launch(torch.device(CUDA))[0]:
+    pdl._enabled.cache_clear()
+    if not pdl.pdl_launch(torch.device(CUDA))[0]:
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
     gen = torch.Generator().manual_seed(0)
 
@@ -246,9 +247,11 @@ def test_one_token_chain_gives_the_same_bits_with_dependent_launch_in_a_graph(mo
         return [token, x, residual] + [c for w in weights for c in (w["kc"], w["vc"])]
 
     monkeypatch.setenv("MINISGL_DISABLE_PDL", "1")
+    pdl._enabled.cache_clear()
     x, residual = x0.clone(), r0.clone()
     eager = [t.clone() for t in state(_one_token_chain(weights, pool, x, residual))]
     monkeypatch.delenv("MINISGL_DISABLE_PDL")
+    pdl._enabled.cache_clear()
     x, residual = x0.clone(), r0.clone()
     _one_token_chain(weights, pool, x, residual)  # compiles the PDL variants outside the capture
     graph = torch.cuda.CUDAGraph()

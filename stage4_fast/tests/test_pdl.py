@@ -18,6 +18,14 @@ def hopper(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("MINISGL_DISABLE_PDL", raising=False)
     monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    pdl._enabled.cache_clear()
+    yield
+    pdl._enabled.cache_clear()
+
+
+def _launch_after_change() -> tuple:
+    pdl._enabled.cache_clear()  # the answer is kept per device: work it out again
+    return pdl.pdl_launch(torch.device("cuda", 0))
 
 
 def test_a_hopper_gpu_launches_with_pdl(hopper):
@@ -27,10 +35,12 @@ def test_a_hopper_gpu_launches_with_pdl(hopper):
 def test_pdl_is_off_on_cpu_under_the_interpreter_when_disabled_and_before_hopper(hopper, monkeypatch):
     assert pdl.pdl_launch(torch.device("cpu")) == (False, {})
     monkeypatch.setenv("MINISGL_DISABLE_PDL", "1")
-    assert pdl.pdl_launch(torch.device("cuda", 0)) == (False, {})
+    assert _launch_after_change() == (False, {})
     monkeypatch.delenv("MINISGL_DISABLE_PDL")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert pdl.pdl_launch(torch.device("cuda", 0)) == (False, {})
+    assert _launch_after_change() == (False, {})
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(pdl, "_capable", lambda index: False)  # an A100 or older
-    assert pdl.pdl_launch(torch.device("cuda", 0)) == (False, {})
+    assert _launch_after_change() == (False, {})
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    assert _launch_after_change() == (True, {"launch_pdl": True})
