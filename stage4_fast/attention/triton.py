@@ -16,6 +16,7 @@ import torch
 
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
+from ..utils.device import to_device_packed
 from .base import BaseAttnBackend, BaseAttnMetadata
 from .utils import make_seq_lens, upload
 
@@ -85,12 +86,12 @@ class TritonBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         lens = make_seq_lens(batch.padded_reqs)
         # the three int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
-        bs = len(batch.padded_reqs)
-        packed = upload(torch.cat([lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx]), self.device)
+        cu_seqlens_q, seq_lens, table_idx = to_device_packed(
+            [lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx], self.device)
         batch.attn_metadata = TritonMetadata(
-            cu_seqlens_q=packed[: bs + 1],
-            seq_lens=packed[bs + 1: 2 * bs + 1],
-            table_idx=packed[2 * bs + 1:],
+            cu_seqlens_q=cu_seqlens_q,
+            seq_lens=seq_lens,
+            table_idx=table_idx,
             max_seqlen_q=lens.max_seqlen_q,
             num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
         )

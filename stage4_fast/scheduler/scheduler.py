@@ -46,7 +46,7 @@ from ..message import (
 )
 from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, GrammarError, LogprobArgs
 from ..utils import int_tensor
-from ..utils.device import create_stream, stream_context, synchronize, to_device
+from ..utils.device import create_stream, stream_context, synchronize, to_device, to_device_packed
 from ..utils.hf import load_tokenizer, resolve_model_path
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -515,6 +515,5 @@ def _make_index_tuples(batch: Batch, device: torch.device
     pinned buffer and a launch, and at one stream the host's loop sets the pace)."""
     input_rows = _input_rows(batch)
     write_rows, write_cols = _write_rows_and_cols(batch)
-    n, m = input_rows.numel(), write_rows.numel()
-    packed = to_device(torch.cat([input_rows, write_rows, write_cols]), device)
-    return (packed[:n], batch.positions.to(torch.int64)), (packed[n:n + m], packed[n + m:])
+    input_rows, write_rows, write_cols = to_device_packed([input_rows, write_rows, write_cols], device)
+    return (input_rows, batch.positions.to(torch.int64)), (write_rows, write_cols)

@@ -187,6 +187,24 @@ def test_fp8_pool_read_as_stored_times_scale(backend, kv, libs):
         check(World(page_size=2, kv_dtype=FP8[kv], kv_scales=(0.5, 2.0)), backend)
 
 
+@pytest.mark.parametrize("bs", range(1, 7))
+def test_triton_metadata_vectors_start_on_16_byte_boundaries(bs, libs):
+    """The three vectors share one upload; each starts 16-byte aligned whatever the batch size, since Triton
+    compiles a kernel once per pointer alignment (a misaligned view cost a fresh GPU machine ~2 s of compiling in
+    the middle of its first run)."""
+    world = World(page_size=1)
+    attn = create_attention_backend("triton", world.config)
+    reqs = [world.add_req(2, 3 + i) for i in range(bs)]
+    for phase in ("prefill", "decode"):
+        batch = world.batch(reqs, phase)
+        attn.prepare_metadata(batch)
+        meta = batch.attn_metadata
+        for vector in (meta.cu_seqlens_q, meta.seq_lens, meta.table_idx):
+            assert vector.data_ptr() % 16 == 0
+        assert meta.seq_lens.tolist() == [r.device_len for r in reqs]
+        assert meta.table_idx.tolist() == [r.table_idx for r in reqs]
+
+
 def test_hybrid_backend_dispatches_by_phase_and_graphs_go_to_decode(libs):
     fi, fa = libs
     world = World(page_size=1)

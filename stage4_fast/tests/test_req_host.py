@@ -8,6 +8,7 @@ import torch
 
 from stage4_fast.core import Req, SamplingParams
 from stage4_fast.utils import int_tensor
+from stage4_fast.utils.device import PACK_ALIGN_BYTES, to_device_packed
 
 
 def _req(prompt: list[int], output_len: int) -> Req:
@@ -57,6 +58,15 @@ def test_int_tensor_matches_torch_tensor() -> None:
     for dtype in (torch.int32, torch.int64):
         assert torch.equal(int_tensor(values, dtype), torch.tensor(values, dtype=dtype))
     assert int_tensor([]).shape == (0,) and int_tensor([]).dtype == torch.int32
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_packed_upload_gives_each_vector_back_on_a_16_byte_boundary(dtype) -> None:
+    parts = [int_tensor(list(range(n)), dtype) + 10 * n for n in (3, 1, 6, 0, 5)]
+    views = to_device_packed(parts, torch.device("cpu"))
+    for part, view in zip(parts, views):
+        assert view.data_ptr() % PACK_ALIGN_BYTES == 0 and view.dtype == dtype
+        assert torch.equal(view, part)
 
 
 def test_offline_outputs_decode_in_batches_as_one_by_one(smollm2_dir) -> None:

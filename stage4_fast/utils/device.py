@@ -6,9 +6,12 @@ from __future__ import annotations
 import gc
 import os
 from contextlib import nullcontext
-from typing import ContextManager
+from typing import ContextManager, List, Sequence
 
 import torch
+
+# where each vector of to_device_packed starts: Triton's pointer specialization (and 16-byte vector loads) ask this
+PACK_ALIGN_BYTES = 16
 
 
 class NullStream:
@@ -87,6 +90,24 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if not is_cuda(device):
         return t.to(device)
     return pin(t, device).to(device, non_blocking=True)
+
+
+def to_device_packed(parts: Sequence[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
+    """Several host vectors of one dtype in one host -> device copy (each copy costs the host a pinned buffer and a
+    launch); each comes back as a view that starts on a 16-byte boundary. Triton compiles a kernel once per class of
+    pointer alignment, so a view at an odd offset would build (on first use, mid-run) a second variant of every
+    kernel it reaches."""
+    align = max(1, PACK_ALIGN_BYTES // parts[0].element_size())
+    pieces, starts, at = [], [], 0
+    for part in parts:
+        pad = -at % align
+        if pad:
+            pieces.append(part.new_zeros(pad))
+        starts.append(at + pad)
+        pieces.append(part)
+        at += pad + part.numel()
+    packed = to_device(torch.cat(pieces), device)
+    return [packed[start: start + part.numel()] for start, part in zip(starts, parts)]
 
 
 def synchronize(device: torch.device) -> None:
