@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any, Callable, List
 
 from ..distributed import DistributedInfo
-from ..utils.process import setup_worker_process
+from ..utils.process import freeze_startup_heap, setup_worker_process
 from .args import ServerArgs, parse_args, split_host_port
 from .cli import prog_name
 from .nodes import NodeLink
@@ -75,6 +75,7 @@ def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
             scheduler.sync_all_ranks()
             info = scheduler.backend_info() if config.tp_info.is_primary() else {}
             ack_queue.put({"name": "scheduler", "rank": config.tp_info.rank, **info})
+            freeze_startup_heap()
             scheduler.run_forever()
         except (KeyboardInterrupt, SystemExit):
             pass
@@ -332,6 +333,7 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
         server.should_exit = True
 
     workers.watch(on_death)
+    freeze_startup_heap()
     logger.info("all workers ready; serving %s on http://%s:%d", config.served_model_name, config.server_host,
                 config.server_port)
     server.run(sockets=[listener])

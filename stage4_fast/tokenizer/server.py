@@ -25,6 +25,7 @@ from ..message import (
 )
 from ..utils.hf import load_tokenizer
 from ..utils.mp import ZmqPullQueue, ZmqPushQueue
+from ..utils.process import freeze_startup_heap
 from .detokenize import DetokenizeManager
 from .tokenize import TokenizeManager
 
@@ -61,6 +62,7 @@ def tokenize_worker(
     recv: ZmqPullQueue[BaseTokenizerMsg] = ZmqPullQueue(addr, create, BaseTokenizerMsg.decoder)
     if ack_queue is not None:
         ack_queue.put({"name": f"tokenizer-{tokenizer_id}"})
+    freeze_startup_heap()
     try:
         while True:
             msgs = _unwrap(recv.get())
