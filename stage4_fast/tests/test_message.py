@@ -104,6 +104,7 @@ def test_every_message_kind_round_trips(msg, base):
          BaseFrontendMsg),
         (BatchBackendMsg([UserMsg(u, torch.arange(u + 1, dtype=torch.int32), SamplingParams(stop_token_ids=[u]))
                           for u in range(3)]), BaseBackendMsg),  # tensors and nested messages inside the columns
+        (BatchTokenizerMsg([AbortMsg(7), AbortMsg(9)]), BaseTokenizerMsg),  # a message of one field
     ],
 )
 def test_a_batch_of_one_kind_travels_as_columns(msg, base):
