@@ -74,8 +74,8 @@ def _run_scheduler(config: ServerArgs, ack_queue: Any, parent_pid: int) -> None:
         try:
             scheduler.sync_all_ranks()
             info = scheduler.backend_info() if config.tp_info.is_primary() else {}
+            freeze_startup_heap()  # before the ack: the first request must not wait for its collection
             ack_queue.put({"name": "scheduler", "rank": config.tp_info.rank, **info})
-            freeze_startup_heap()
             scheduler.run_forever()
         except (KeyboardInterrupt, SystemExit):
             pass

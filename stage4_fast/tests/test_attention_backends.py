@@ -188,7 +188,7 @@ def test_fp8_pool_read_as_stored_times_scale(backend, kv, libs):
 
 
 @pytest.mark.parametrize("bs", range(1, 7))
-def test_triton_metadata_vectors_start_on_16_byte_boundaries(bs, libs):
+def test_triton_metadata_vectors_start_on_16_byte_boundaries(bs):
     """The three vectors share one upload; each starts 16-byte aligned whatever the batch size, since Triton
     compiles a kernel once per pointer alignment (a misaligned view cost a fresh GPU machine ~2 s of compiling in
     the middle of its first run)."""

@@ -60,9 +60,9 @@ def tokenize_worker(
     send_backend: ZmqPushQueue[BaseBackendMsg] = ZmqPushQueue(backend_addr, False, BaseBackendMsg.encoder)
     send_frontend: ZmqPushQueue[BaseFrontendMsg] = ZmqPushQueue(frontend_addr, False, BaseFrontendMsg.encoder)
     recv: ZmqPullQueue[BaseTokenizerMsg] = ZmqPullQueue(addr, create, BaseTokenizerMsg.decoder)
+    freeze_startup_heap()  # before the ack: the first request must not wait for its collection
     if ack_queue is not None:
         ack_queue.put({"name": f"tokenizer-{tokenizer_id}"})
-    freeze_startup_heap()
     try:
         while True:
             msgs = _unwrap(recv.get())
