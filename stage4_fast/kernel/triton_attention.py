@@ -455,7 +455,7 @@ def decode_attention(
                         sm_scale * k_scale * LOG2E, v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
                         DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first,
                         cuda_warps or cuda_fp8_decode_warps(batch * num_kv_heads * num_splits,
-                                                            _num_sms(q.device)))
+                                                            _num_sms(q.device)), pdl)
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,

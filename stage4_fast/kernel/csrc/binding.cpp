@@ -102,11 +102,11 @@ void indexing(torch::Tensor weights, torch::Tensor indices, torch::Tensor output
 // Split-K decode attention over an fp8 pool (decode_fp8.cu). q [B, Hq, 128] fp16/bf16; k_cache / v_cache
 // [slots, Hkv, 128] fp8 with contiguous rows; page_table [rows, width] int32 (width a multiple of 4); table_idx /
 // seq_lens [B] int32. One split writes `out`; more write mid_o [B, Hq, S', 128] / mid_lse [B, Hq, S'] (fp32) for the
-// merge kernel.
+// merge kernel. `pdl` launches it with programmatic dependent launch (kernel/pdl.py).
 void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
                 torch::Tensor table_idx, torch::Tensor seq_lens, torch::Tensor mid_o, torch::Tensor mid_lse,
                 torch::Tensor out, double scale_log2, double v_scale, int64_t num_splits, int64_t stages,
-                bool heads_first, int64_t warps) {
+                bool heads_first, int64_t warps, bool pdl) {
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(1);
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(2) == 1, "q must be [B, Hq, D] with contiguous rows");
@@ -171,6 +171,7 @@ void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, t
   args.stages = static_cast<int>(stages);
   args.heads_first = heads_first ? 1 : 0;
   args.warps = static_cast<int>(warps);
+  args.pdl = pdl ? 1 : 0;
   const int err = stage4_decode_fp8(args, q.scalar_type() == at::kHalf ? 1 : 2,
                                     kv_type == at::ScalarType::Float8_e5m2 ? 1 : 0, static_cast<int>(batch),
                                     static_cast<int>(num_kv_heads), direct ? 1 : 0,

@@ -31,4 +31,13 @@ struct VecOf<2> { using type = uint16_t; };
 template <>
 struct VecOf<1> { using type = uint8_t; };
 
+// Programmatic dependent launch (sm_90+, as kernel/pdl.py's pdl_wait for the Triton kernels): wait until the
+// previous kernel's writes are visible, then let the next kernel launch. A no-op in a launch without PDL.
+__device__ __forceinline__ void pdl_wait_then_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 }  // namespace stage4

@@ -286,17 +286,6 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
   const int end = min(start + chunk, seq_len);
   const int32_t* table = a.page_table + static_cast<int64_t>(a.table_idx[b]) * a.stride_pt;
 
-  // Q^T as the B operand of QK chunk c (head g): q_frag[2c] = dims 32t + 4c + {0, 1}, q_frag[2c + 1] = + {2, 3}.
-  // Heads past the group are zero columns: their scores are 0 and their outputs are never read.
-  uint32_t q_frag[16];
-  {
-    const QT* q_row = static_cast<const QT*>(a.q) + b * a.stride_qb + (kv_head * a.group + g) * a.stride_qh + 32 * t;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      q_frag[i] = g < a.group ? pack_half2(to_float(q_row[2 * i]), to_float(q_row[2 * i + 1])) : 0u;
-    }
-  }
-
   const uint8_t* k_base = a.k_cache + kv_head * a.stride_kh + 16 * (lane & 7);  // this lane's chunk of each row
   const uint8_t* v_base = a.v_cache + kv_head * a.stride_vh + 16 * (lane & 7);
   const uint32_t stride_kt = static_cast<uint32_t>(a.stride_kt), stride_vt = static_cast<uint32_t>(a.stride_vt);
@@ -314,11 +303,22 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
   const StageOffsets offsets(lane);
   int tile = start + warp * kTileKeys;
   int next_copy = tile;  // the next tile whose rows to copy
+  uint32_t q_frag[16];
   {
+    // The lengths, the page table and the first tiles' slots come from the host's copies, which came before the
+    // previous kernel; q and the newest K/V row are that kernel's output: the wait sits between the two.
     int4 first[kStages - 1];
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
       if (next_copy + i * kRoundKeys < end) first[i] = load_slots(table, next_copy + i * kRoundKeys, end, lane);
+    }
+    pdl_wait_then_release();
+    // Q^T as the B operand of QK chunk c (head g): q_frag[2c] = dims 32t + 4c + {0, 1}, q_frag[2c + 1] = + {2, 3}.
+    // Heads past the group are zero columns: their scores are 0 and their outputs are never read.
+    const QT* q_row = static_cast<const QT*>(a.q) + b * a.stride_qb + (kv_head * a.group + g) * a.stride_qh + 32 * t;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      q_frag[i] = g < a.group ? pack_half2(to_float(q_row[2 * i]), to_float(q_row[2 * i + 1])) : 0u;
     }
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
@@ -413,7 +413,17 @@ void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
       decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       smem_bytes);
   (void)configured;
-  decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps><<<grid, kWarps * kWarpSize, smem_bytes, stream>>>(a);
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kWarps * kWarpSize);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = a.pdl ? 1 : 0;
+  cudaLaunchKernelEx(&config, decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, a);
 }
 
 template <typename QT, bool kE5M2, bool kDirect, int kStages>

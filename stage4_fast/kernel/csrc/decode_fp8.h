@@ -26,6 +26,7 @@ struct DecodeFp8Args {
   int stages;       // tiles per warp in shared memory (2, 3 or 4): stages - 1 in flight while one computes
   int heads_first;  // grid order: a sequence's KV heads side by side (1) or one KV head's sequences (0)
   int warps;        // warps per program: 4 or 8
+  int pdl;          // launch with programmatic dependent launch (sm_90+; kernel/pdl.py)
 };
 
 }  // namespace stage4
