@@ -16,6 +16,10 @@ Each graph also ends in the greedy argmax of its logits (``greedy_tokens``): an 
 tokens from the replay instead of launching the argmax from the host after it, which at one stream is host time on
 every step (``bench/gpu_notes.md``, section 22). A sampled batch leaves them unread (a few microseconds of device
 time per step).
+
+Where our kernels launch with programmatic dependent launch, each captured graph is rewired before it is
+instantiated so that the kernel after a cuBLAS GEMM launches once the GEMM's programs have all started instead of
+when they have ended (``kernel/pdl_graph.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import torch
 
 from ..core import Batch, Req, get_global_ctx
 from ..kernel import greedy_argmax
+from ..kernel.pdl import pdl_launch
+from ..kernel.pdl_graph import launch_after_gemms_start
 from ..utils.device import Stream, is_cuda, stream_context
 
 if TYPE_CHECKING:
@@ -35,6 +41,15 @@ if TYPE_CHECKING:
     from ..models import BaseLLMModel
 
 logger = logging.getLogger(__name__)
+
+
+def _keeps_captured_graphs() -> bool:
+    """Whether this torch can keep a captured graph un-instantiated (``CUDAGraph(keep_graph=True)``, torch 2.8+)."""
+    try:
+        torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:
+        return False
+    return True
 
 # On a CPU graphs are off unless asked for: the emulation checks the fixed-buffer discipline (the tests ask for it)
 # but saves nothing: its copies cost ~5 % of single-stream decode (bench/results/cpu.md, "CUDA graph" row).
@@ -153,6 +168,8 @@ class GraphRunner:
         pool = None
         kind = "emulated" if self.emulated else "CUDA"
         logger.info("capturing %s graphs for batch sizes %s", kind, self.graph_bs_list)
+        rewire = not self.emulated and pdl_launch(self.device)[0] and _keeps_captured_graphs()
+        launch_order_edges = 0
         with torch.inference_mode(), stream_context(self.stream):
             for bs in sorted(self.graph_bs_list, reverse=True):  # largest first: later ones reuse its memory
                 batch = Batch(reqs=[self.dummy_req] * bs, phase="decode")
@@ -164,11 +181,17 @@ class GraphRunner:
                 if self.emulated:
                     self.graph_map[bs] = EmulatedGraph(self._make_closure(batch))
                     continue
-                graph = torch.cuda.CUDAGraph()
+                graph = torch.cuda.CUDAGraph(keep_graph=True) if rewire else torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=self.stream), ctx.forward_batch(batch):
                     self._forward_into_buffer(bs)
+                if rewire:
+                    launch_order_edges += launch_after_gemms_start(graph)
+                    graph.instantiate()
                 pool = graph.pool()
                 self.graph_map[bs] = graph
+        if rewire:
+            logger.info("%d graph edges out of kernels launched without PDL leave at launch order",
+                        launch_order_edges)
 
     def _forward_into_buffer(self, bs: int) -> None:
         """The model's forward, whose LM head writes the logits into the buffer (``Batch.logits_out``), then their
