@@ -5,6 +5,7 @@ commands:
   serve          one server: time to first token and tokens/s at 1 and 16 clients, a request-rate sweep (--rates)
   serve-path     the serving path alone (engine forward stubbed): CPU µs per streamed token in each process
   worker         one engine, one configuration, one process: what `run` starts for every measurement
+  ab             this checkout against another commit, in alternating rounds of one worker task
   breakdown      where one offline `generate` spends its time: per step host vs device, a kernel profile (GPU)
   decode-sweep   the Triton decode kernel's launch parameters at the real workload's shapes (GPU)
   gemv-sweep     the one-token Triton GEMV against cuBLAS at the model's linear shapes (GPU)
@@ -30,7 +31,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker",
+COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker", "ab": "ab",
             "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep",
             "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep",
             "cublaslt-sweep": "gpu_cublaslt_sweep", "layer-chain": "gpu_layer_chain",
