@@ -32,8 +32,7 @@ import torch
 
 from ..core import Batch, Req, get_global_ctx
 from ..kernel import greedy_argmax
-from ..kernel.pdl import pdl_launch
-from ..kernel.pdl_graph import launch_after_gemms_start
+from ..kernel.pdl_graph import move_edges_to_launch_order
 from ..utils.device import Stream, is_cuda, stream_context
 
 if TYPE_CHECKING:
@@ -43,8 +42,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _keeps_captured_graphs() -> bool:
-    """Whether this torch can keep a captured graph un-instantiated (``CUDAGraph(keep_graph=True)``, torch 2.8+)."""
+def _rewires_graphs(device: torch.device) -> bool:
+    """Whether the captured graphs get their edges moved (``kernel/pdl_graph.py``): our kernels launch with PDL on
+    this device, and this torch can keep a captured graph un-instantiated (``CUDAGraph(keep_graph=True)``)."""
+    from ..kernel.pdl import pdl_launch  # imports triton: never at module import (tests pick its interpreter first)
+
+    if not pdl_launch(device)[0]:
+        return False
     try:
         torch.cuda.CUDAGraph(keep_graph=True)
     except TypeError:
@@ -168,7 +172,7 @@ class GraphRunner:
         pool = None
         kind = "emulated" if self.emulated else "CUDA"
         logger.info("capturing %s graphs for batch sizes %s", kind, self.graph_bs_list)
-        rewire = not self.emulated and pdl_launch(self.device)[0] and _keeps_captured_graphs()
+        rewire = not self.emulated and _rewires_graphs(self.device)
         launch_order_edges = 0
         with torch.inference_mode(), stream_context(self.stream):
             for bs in sorted(self.graph_bs_list, reverse=True):  # largest first: later ones reuse its memory
@@ -185,7 +189,7 @@ class GraphRunner:
                 with torch.cuda.graph(graph, pool=pool, stream=self.stream), ctx.forward_batch(batch):
                     self._forward_into_buffer(bs)
                 if rewire:
-                    launch_order_edges += launch_after_gemms_start(graph)
+                    launch_order_edges += move_edges_to_launch_order(graph)
                     graph.instantiate()
                 pool = graph.pool()
                 self.graph_map[bs] = graph

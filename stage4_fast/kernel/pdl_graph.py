@@ -82,14 +82,19 @@ def _read_edges(lib: ctypes.CDLL, graph: ctypes.c_void_p) -> tuple:
     return edges, src, dst, data
 
 
-def launch_after_gemms_start(graph) -> int:
+def move_edges_to_launch_order(graph) -> int:
     """Rewire ``graph`` (a ``torch.cuda.CUDAGraph`` captured with ``keep_graph=True``, not yet instantiated) as the
-    module docstring says; returns how many edges now leave at launch order (0 where the driver cannot)."""
+    module docstring says; returns how many edges now leave at launch order (0 where the driver cannot: the graph
+    then stays as captured, which is correct, only slower)."""
     lib = _driver()
     if lib is None:
         return 0
     handle = ctypes.c_void_p(graph.raw_cuda_graph())
-    edges, src, dst, data = _read_edges(lib, handle)
+    try:
+        edges, src, dst, data = _read_edges(lib, handle)
+    except RuntimeError as e:
+        logger.warning("graph edges stay as captured: %s", e)
+        return 0
     chosen = edges_to_launch_order(edges)
     if not chosen:
         return 0

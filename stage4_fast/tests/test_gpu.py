@@ -279,7 +279,7 @@ def test_kernels_after_cublas_gemms_launch_early_in_a_graph_and_give_the_same_bi
     edges out of the GEMMs are rewired to leave at launch order, and three replays of that graph give the same bits
     as replays of the same capture left as it was."""
     from stage4_fast.kernel import greedy_argmax, pdl, triton_fused
-    from stage4_fast.kernel.pdl_graph import launch_after_gemms_start
+    from stage4_fast.kernel.pdl_graph import move_edges_to_launch_order
 
     pdl._enabled.cache_clear()
     if not pdl.pdl_launch(torch.device(CUDA))[0]:
@@ -310,7 +310,7 @@ def test_kernels_after_cublas_gemms_launch_early_in_a_graph_and_give_the_same_bi
         with torch.cuda.graph(graph):
             out = chain()
         if rewire:
-            assert launch_after_gemms_start(graph) >= 2 * len(layers)
+            assert move_edges_to_launch_order(graph) >= 2 * len(layers)
         graph.instantiate()
         runs = []
         for _ in range(3):

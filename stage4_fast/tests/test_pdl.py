@@ -65,3 +65,70 @@ def test_only_edges_out_of_kernels_that_never_signal_leave_at_launch_order():
     ]
     assert edges_to_launch_order(edges) == [1, 5]
     assert edges_to_launch_order([]) == []
+
+
+class _FakeDriver:
+    """The three CUDA driver edge functions over an edge list, as ctypes hands them their arguments."""
+
+    def __init__(self, edges: list, add_fails: bool = False) -> None:
+        self.edges, self.add_fails, self.calls = list(edges), add_fails, []
+
+    def cuGraphGetEdges_v2(self, graph, src, dst, data, count):
+        if src is None:  # the first call asks for the count
+            count._obj.value = len(self.edges)
+            return 0
+        for i, (s, d, kind, port) in enumerate(self.edges):
+            src[i], dst[i], data[i].type, data[i].from_port = s, d, kind, port
+        return 0
+
+    def _edges(self, src, dst, data, n) -> list:
+        return [(src[i], dst[i], data[i].type, data[i].from_port) for i in range(n.value)]
+
+    def cuGraphRemoveDependencies_v2(self, graph, src, dst, data, n):
+        gone = self._edges(src, dst, data, n)
+        self.calls.append("remove")
+        self.edges = [e for e in self.edges if e not in gone]
+        return 0
+
+    def cuGraphAddDependencies_v2(self, graph, src, dst, data, n):
+        self.calls.append("add")
+        if self.add_fails and self.calls.count("add") == 1:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        self.edges += self._edges(src, dst, data, n)
+        return 0
+
+
+class _FakeGraph:
+    def raw_cuda_graph(self) -> int:
+        return 1234
+
+
+def test_moving_edges_replaces_each_chosen_edge_and_puts_them_back_if_the_driver_refuses(monkeypatch):
+    from stage4_fast.kernel import pdl_graph as pg
+
+    prog, plain = (pg.DEPENDENCY_PROGRAMMATIC, pg.PORT_PROGRAMMATIC), (0, 0)
+    captured = [(1, 2, *prog), (2, 3, *prog), (3, 4, *plain), (4, 5, *prog)]  # GEMM -> ours -> ours -> GEMM -> ours
+    driver = _FakeDriver(captured)
+    monkeypatch.setattr(pg, "_driver", lambda: driver)
+    assert pg.move_edges_to_launch_order(_FakeGraph()) == 2
+    launch_order = (pg.DEPENDENCY_PROGRAMMATIC, pg.PORT_LAUNCH_ORDER)
+    assert sorted(driver.edges) == [(1, 2, *launch_order), (2, 3, *prog), (3, 4, *plain), (4, 5, *launch_order)]
+
+    refusing = _FakeDriver(captured, add_fails=True)
+    monkeypatch.setattr(pg, "_driver", lambda: refusing)
+    assert pg.move_edges_to_launch_order(_FakeGraph()) == 0
+    assert sorted(refusing.edges) == sorted(captured) and refusing.calls == ["remove", "add", "add"]
+    monkeypatch.setattr(pg, "_driver", lambda: None)  # a driver without the edge functions
+    assert pg.move_edges_to_launch_order(_FakeGraph()) == 0
+
+
+def test_importing_the_engine_does_not_import_triton():
+    """The tests choose Triton's interpreter (TRITON_INTERPRET) after importing the engine and before the first
+    kernel module loads triton; an engine module that imported triton at its top (kernel/pdl.py once did, through
+    the graph runner) made every interpreted kernel that calls a helper fail on a CPU."""
+    import subprocess
+    import sys
+
+    code = "import sys, stage4_fast.engine, stage4_fast.llm; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
