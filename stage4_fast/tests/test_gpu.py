@@ -214,13 +214,9 @@ def _one_token_chain(weights: list, pool: dict, x: torch.Tensor, residual: torch
     return greedy_argmax(triton_gemv.gemv(normed, pool["lm_head"]))
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_one_token_chain_gives_the_same_bits_with_dependent_launch_in_a_graph(monkeypatch, kv_dtype):
-    """kernel/pdl.py: each kernel waits for the one before it before reading its results, so launching the chain
-    with programmatic dependent launch (replayed from a CUDA graph, where it overlaps) changes no bit of the
-    hidden state, the residual stream, the KV written into the pool or the token, against eager launches without
-    it. 8 layers at the Qwen3-0.6B shape, each with its own weights; with an fp8 pool the attention is the CUDA
-    kernel (csrc/decode_fp8.cu), which takes part in the dependent launch as the Triton kernels do."""
+def _pdl_seeded_bf16():
+    """Skips where programmatic dependent launch is off (before compute capability 9.0); else a seeded source of
+    random bf16 GPU tensors, rand(*shape, scale=1.0), and its generator."""
     from stage4_fast.kernel import pdl
 
     pdl._enabled.cache_clear()
@@ -231,6 +227,19 @@ def test_one_token_chain_gives_the_same_bits_with_dependent_launch_in_a_graph(mo
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(CUDA, torch.bfloat16)
 
+    return rand, gen
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_one_token_chain_gives_the_same_bits_with_dependent_launch_in_a_graph(monkeypatch, kv_dtype):
+    """kernel/pdl.py: each kernel waits for the one before it before reading its results, so launching the chain
+    with programmatic dependent launch (replayed from a CUDA graph, where it overlaps) changes no bit of the
+    hidden state, the residual stream, the KV written into the pool or the token, against eager launches without
+    it. 8 layers at the Qwen3-0.6B shape, each with its own weights; with an fp8 pool the attention is the CUDA
+    kernel (csrc/decode_fp8.cu), which takes part in the dependent launch as the Triton kernels do."""
+    from stage4_fast.kernel import pdl
+
+    rand, gen = _pdl_seeded_bf16()
     slots, length = 4096, 700
     weights = [dict(n1=rand(1024) + 1, qkv=rand(4096, 1024, scale=0.03), qn=rand(128) + 1, kn=rand(128) + 1,
                     o=rand(1024, 2048, scale=0.02), n2=rand(1024) + 1, gu=rand(6144, 1024, scale=0.03),
@@ -278,16 +287,10 @@ def test_kernels_after_cublas_gemms_launch_early_in_a_graph_and_give_the_same_bi
     Qwen3-0.6B shape: gate_up GEMM, SiLU-and-mul, down GEMM, add-RMSNorm; then the LM head and the argmax), the
     edges out of the GEMMs are rewired to leave at launch order, and three replays of that graph give the same bits
     as replays of the same capture left as it was."""
-    from stage4_fast.kernel import greedy_argmax, pdl, triton_fused
+    from stage4_fast.kernel import greedy_argmax, triton_fused
     from stage4_fast.kernel.pdl_graph import move_edges_to_launch_order
 
-    pdl._enabled.cache_clear()
-    if not pdl.pdl_launch(torch.device(CUDA))[0]:
-        pytest.skip("programmatic dependent launch needs compute capability 9.0")
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(CUDA, torch.bfloat16)
+    rand, _ = _pdl_seeded_bf16()
 
     layers = [dict(gu=rand(6144, 1024, scale=0.03), down=rand(1024, 3072, scale=0.02), norm=rand(1024) + 1)
               for _ in range(8)]
