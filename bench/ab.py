@@ -3,10 +3,10 @@
 A change worth a percent or two is smaller than what one machine drifts between runs (its load, its clocks, which
 kernels a fresh process compiles first), so a before/after pair of runs proves little. This command takes the tree
 of ``--base`` (``git archive``, into a temporary folder) and, round after round, runs the same worker (`python -m
-bench worker`) on this checkout and then on the base tree, each in a process of its own, for every ``--options``
-set; it reports each round's difference and the means. Each tree keeps its own torch extension build folder, so
-that the CUDA kernels of one are never rebuilt over the other's; the first round of each pays its builds (the
-report shows the load times).
+bench worker`) on this checkout and on the base tree in turn (who goes first alternates), each in a process of its
+own, for every ``--options`` set; it reports each round's difference and the means. Each tree keeps its own torch
+extension build folder, so that the CUDA kernels of one are never rebuilt over the other's; the first round of each
+pays its builds (the report shows the load times).
 
 Example (one H200, the offline workload with an fp8 KV cache, five rounds):
 
@@ -39,8 +39,10 @@ class Run:
 
 
 def plan(rounds: int, option_sets: list[str], base: str) -> list[Run]:
-    """The order of the runs: round by round, every option set, this checkout first and then the base."""
-    return [Run(r, tree, opts) for r in range(1, rounds + 1) for opts in option_sets for tree in (THIS, base)]
+    """The order of the runs: round by round, every option set, both trees; this checkout goes first in odd rounds
+    and the base in even ones, so that neither always runs on a machine the other has just warmed."""
+    return [Run(r, tree, opts) for r in range(1, rounds + 1) for opts in option_sets
+            for tree in ((THIS, base) if r % 2 else (base, THIS))]
 
 
 def summarize(results: list[tuple[Run, float]], base: str) -> list[dict]:

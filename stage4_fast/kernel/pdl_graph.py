@@ -12,9 +12,11 @@ manual's of ``griddepcontrol.wait``). What any kernel reads is unchanged, so the
 
 Which edges: those of the programmatic type (the capture made them for kernels launched with PDL) whose upstream
 kernel was itself launched without PDL, i.e. has no programmatic edge coming in: a kernel that signals keeps the
-``launch_dependents`` it chose. The graph must be captured with ``torch.cuda.CUDAGraph(keep_graph=True)`` and
-instantiated after the rewiring. The CUDA driver (``libcuda.so.1``) is called through ctypes; where it lacks the
-edge functions (drivers before CUDA 12.3) the graph stays as captured.
+``launch_dependents`` it chose. (One of ours whose predecessor is a copy node has no such edge either and is moved
+too: harmless, since correctness rests on the dependent's wait, not on when it launches.) The graph must be captured
+with ``torch.cuda.CUDAGraph(keep_graph=True)`` and instantiated after the rewiring. The CUDA driver
+(``libcuda.so.1``) is called through ctypes; where it lacks the edge functions (drivers before CUDA 12.3) the graph
+stays as captured.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from bench import ab
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_rounds_alternate_the_trees_for_every_option_set():
+def test_rounds_run_both_trees_for_every_option_set_and_alternate_which_goes_first():
     runs = ab.plan(2, ['{"a": 1}', "{}"], "abc1234")
     assert [(r.round, r.options, r.tree) for r in runs] == [
         (1, '{"a": 1}', ab.THIS), (1, '{"a": 1}', "abc1234"), (1, "{}", ab.THIS), (1, "{}", "abc1234"),
-        (2, '{"a": 1}', ab.THIS), (2, '{"a": 1}', "abc1234"), (2, "{}", ab.THIS), (2, "{}", "abc1234"),
+        (2, '{"a": 1}', "abc1234"), (2, '{"a": 1}', ab.THIS), (2, "{}", "abc1234"), (2, "{}", ab.THIS),
     ]
 
 
