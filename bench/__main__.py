@@ -12,6 +12,7 @@ commands:
   gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and a split-K Triton GEMM at the model's shapes (GPU)
   cublaslt-sweep every cuBLASLt heuristic algorithm for the decode-batch GEMMs against F.linear's pick (GPU)
   layer-chain    a decode layer's kernels in a graph: what L2 weight prefetch and dependent launch save (GPU)
+  gemm-waits     which cuBLAS GEMM kernels wait for the kernel before them (could edges into them be early?) (GPU)
   launch-cost    what launching a prefill layer's kernels costs the host, per kernel (GPU)
   microbatch     a decode step as two half batches on two streams: GEMMs beside the other half's attention (GPU)
   prefill-sweep  the Triton prefill attention kernel's launch parameters at the workload's prefill steps (GPU)
@@ -35,6 +36,7 @@ COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker"
             "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep",
             "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep",
             "cublaslt-sweep": "gpu_cublaslt_sweep", "layer-chain": "gpu_layer_chain",
+            "gemm-waits": "gpu_gemm_waits",
             "launch-cost": "gpu_launch_cost", "microbatch": "gpu_microbatch",
             "prefill-sweep": "gpu_prefill_sweep",
             "kv-accuracy": "kv_accuracy",
