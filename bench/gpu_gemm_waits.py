@@ -11,8 +11,10 @@ input, which starts as zeros; the edge from it into the GEMM is made programmati
 that waits gives the same bits as the graph left as captured; one that does not reads zeros. The control, torch's
 elementwise kernel in the GEMM's place, must read the zeros (else the probe proves nothing).
 
-At the Qwen3-0.6B shape on an H200 with cuBLAS 13 (bench/results/h200-gemm-waits.md) the LM head's kernels wait
-and every kernel of a decode layer's four GEMMs does not: the edges into them stay as captured.
+A GEMM that reads zeros does not wait; the same bits are necessary, not sufficient (a GEMM whose programs could
+not start before the copy ended would pass too). At the Qwen3-0.6B shape on an H200 with cuBLAS 13
+(bench/results/h200-gemm-waits.md) every kernel of a decode layer's four GEMMs read the zeros at every batch size:
+the edges into them stay as captured. The LM head's GEMM follows a cuBLAS workspace memset, not the copy: not asked.
 """
 
 from __future__ import annotations
