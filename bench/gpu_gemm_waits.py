@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import sys
 from pathlib import Path
@@ -60,7 +61,13 @@ class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
                 ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
 
-def _kernel_name(lib: ctypes.CDLL, node: int) -> str:
+@functools.cache
+def _cuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")  # the node queries below; pdl_graph reads and rewires the edges
+
+
+def _kernel_name(node: int) -> str:
+    lib = _cuda()
     kind, params, name = ctypes.c_int(-1), _KernelNodeParams(), ctypes.c_char_p()
     if lib.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)) != 0 or kind.value != 0:  # not a kernel
         return ""
@@ -76,25 +83,16 @@ def _kernel_name(lib: ctypes.CDLL, node: int) -> str:
 def _edges_out_of_first_kernel_made_programmatic(graph: torch.cuda.CUDAGraph) -> List[str]:
     """Make every plain edge out of the graph's source kernel (the late copy) into a kernel programmatic; returns
     the names of the kernels at their ends."""
-    lib = pdl_graph._driver()
-    assert lib is not None, "the CUDA driver has no graph edge functions (CUDA 12.3 or later needed)"
-    handle = ctypes.c_void_p(graph.raw_cuda_graph())
-    edges, src, dst, data = pdl_graph._read_edges(lib, handle)
+    edges = pdl_graph.graph_edges(graph)
+    assert edges is not None, "the CUDA driver has no graph edge functions (CUDA 12.3 or later needed)"
     has_input = {e.dst for e in edges}
     first = next(e.src for e in edges if e.src not in has_input)
     # into kernels only: a programmatic edge into another node (cuBLAS's workspace memset) is refused
-    chosen = [i for i, e in enumerate(edges)
-              if e.src == first and e.kind == DEPENDENCY_DEFAULT and _kernel_name(lib, e.dst)]
-    k = len(chosen)
-    sel_src = (ctypes.c_void_p * k)(*(src[i] for i in chosen))
-    sel_dst = (ctypes.c_void_p * k)(*(dst[i] for i in chosen))
-    old = (pdl_graph._EdgeData * k)(*(data[i] for i in chosen))
-    new = (pdl_graph._EdgeData * k)()
-    for j in range(k):
-        new[j].from_port, new[j].type = pdl_graph.PORT_PROGRAMMATIC, pdl_graph.DEPENDENCY_PROGRAMMATIC
-    pdl_graph._check(lib.cuGraphRemoveDependencies_v2(handle, sel_src, sel_dst, old, ctypes.c_size_t(k)), "remove")
-    pdl_graph._check(lib.cuGraphAddDependencies_v2(handle, sel_src, sel_dst, new, ctypes.c_size_t(k)), "add")
-    return [_kernel_name(lib, dst[i]) for i in chosen]
+    chosen = [e for e in edges if e.src == first and e.kind == DEPENDENCY_DEFAULT and _kernel_name(e.dst)]
+    if chosen:
+        assert pdl_graph.replace_edges(graph, chosen, pdl_graph.PORT_PROGRAMMATIC,
+                                       pdl_graph.DEPENDENCY_PROGRAMMATIC), "the driver refused the edges"
+    return [_kernel_name(e.dst) for e in chosen]
 
 
 def probe(consumer: Callable[[torch.Tensor], torch.Tensor], src: torch.Tensor) -> tuple[List[str], bool]:

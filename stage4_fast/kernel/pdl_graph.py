@@ -46,6 +46,7 @@ class Edge:
     dst: int
     kind: int  # CUgraphDependencyType
     from_port: int
+    to_port: int = 0
 
 
 def edges_to_launch_order(edges: Sequence[Edge]) -> List[int]:
@@ -74,45 +75,62 @@ def _check(result: int, what: str) -> None:
         raise RuntimeError(f"{what} failed: CUresult {result}")
 
 
-def _read_edges(lib: ctypes.CDLL, graph: ctypes.c_void_p) -> tuple:
+def _edge_array(edges: Sequence[Edge], from_port: int | None = None, kind: int | None = None):
+    """The driver's (sources, destinations, edge data) arrays for ``edges``, optionally with another port / type."""
+    k = len(edges)
+    src = (ctypes.c_void_p * k)(*(e.src for e in edges))
+    dst = (ctypes.c_void_p * k)(*(e.dst for e in edges))
+    data = (_EdgeData * k)()
+    for d, e in zip(data, edges):
+        d.from_port = e.from_port if from_port is None else from_port
+        d.to_port = e.to_port
+        d.type = e.kind if kind is None else kind
+    return src, dst, data, ctypes.c_size_t(k)
+
+
+def graph_edges(graph) -> List[Edge] | None:
+    """The edges of ``graph`` (a ``torch.cuda.CUDAGraph`` captured with ``keep_graph=True``); None where the driver
+    cannot say (no edge functions, or the call failed)."""
+    lib = _driver()
+    if lib is None:
+        return None
+    handle = ctypes.c_void_p(graph.raw_cuda_graph())
     count = ctypes.c_size_t(0)
-    _check(lib.cuGraphGetEdges_v2(graph, None, None, None, ctypes.byref(count)), "cuGraphGetEdges")
-    n = count.value
-    src, dst, data = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (_EdgeData * n)()
-    _check(lib.cuGraphGetEdges_v2(graph, src, dst, data, ctypes.byref(count)), "cuGraphGetEdges")
-    edges = [Edge(src[i] or 0, dst[i] or 0, data[i].type, data[i].from_port) for i in range(n)]
-    return edges, src, dst, data
+    try:
+        _check(lib.cuGraphGetEdges_v2(handle, None, None, None, ctypes.byref(count)), "cuGraphGetEdges")
+        n = count.value
+        src, dst, data = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (_EdgeData * n)()
+        _check(lib.cuGraphGetEdges_v2(handle, src, dst, data, ctypes.byref(count)), "cuGraphGetEdges")
+    except RuntimeError as e:
+        logger.warning("graph edges stay as captured: %s", e)
+        return None
+    return [Edge(src[i] or 0, dst[i] or 0, data[i].type, data[i].from_port, data[i].to_port) for i in range(n)]
+
+
+def replace_edges(graph, edges: Sequence[Edge], from_port: int, kind: int) -> bool:
+    """Replace each of ``edges`` in ``graph`` by the same edge leaving at ``from_port`` with type ``kind``. Where the
+    driver refuses the new edges the captured ones are put back and the graph is as it was: returns False."""
+    lib = _driver()
+    if lib is None or not edges:
+        return False
+    handle = ctypes.c_void_p(graph.raw_cuda_graph())
+    _check(lib.cuGraphRemoveDependencies_v2(handle, *_edge_array(edges)), "cuGraphRemoveDependencies")
+    result = lib.cuGraphAddDependencies_v2(handle, *_edge_array(edges, from_port, kind))
+    if result != 0:
+        _check(lib.cuGraphAddDependencies_v2(handle, *_edge_array(edges)), "cuGraphAddDependencies")
+        logger.warning("graph edges stay as captured: cuGraphAddDependencies failed (CUresult %d)", result)
+        return False
+    return True
 
 
 def move_edges_to_launch_order(graph) -> int:
     """Rewire ``graph`` (a ``torch.cuda.CUDAGraph`` captured with ``keep_graph=True``, not yet instantiated) as the
     module docstring says; returns how many edges now leave at launch order (0 where the driver cannot: the graph
     then stays as captured, which is correct, only slower)."""
-    lib = _driver()
-    if lib is None:
+    edges = graph_edges(graph)
+    if edges is None:
         return 0
-    handle = ctypes.c_void_p(graph.raw_cuda_graph())
-    try:
-        edges, src, dst, data = _read_edges(lib, handle)
-    except RuntimeError as e:
-        logger.warning("graph edges stay as captured: %s", e)
+    chosen = [edges[i] for i in edges_to_launch_order(edges)]
+    if not replace_edges(graph, chosen, PORT_LAUNCH_ORDER, DEPENDENCY_PROGRAMMATIC):
         return 0
-    chosen = edges_to_launch_order(edges)
-    if not chosen:
-        return 0
-    k = len(chosen)
-    sel_src = (ctypes.c_void_p * k)(*(src[i] for i in chosen))
-    sel_dst = (ctypes.c_void_p * k)(*(dst[i] for i in chosen))
-    old = (_EdgeData * k)(*(data[i] for i in chosen))
-    new = (_EdgeData * k)()
-    for j in range(k):
-        new[j].from_port, new[j].to_port, new[j].type = PORT_LAUNCH_ORDER, old[j].to_port, old[j].type
-    _check(lib.cuGraphRemoveDependencies_v2(handle, sel_src, sel_dst, old, ctypes.c_size_t(k)),
-           "cuGraphRemoveDependencies")
-    result = lib.cuGraphAddDependencies_v2(handle, sel_src, sel_dst, new, ctypes.c_size_t(k))
-    if result != 0:  # put the captured edges back: the graph stays as it was
-        _check(lib.cuGraphAddDependencies_v2(handle, sel_src, sel_dst, old, ctypes.c_size_t(k)),
-               "cuGraphAddDependencies")
-        logger.warning("graph edges stay as captured: cuGraphAddDependencies failed (CUresult %d)", result)
-        return 0
-    return k
+    return len(chosen)

@@ -120,6 +120,23 @@ def test_moving_edges_replaces_each_chosen_edge_and_puts_them_back_if_the_driver
     assert sorted(refusing.edges) == sorted(captured) and refusing.calls == ["remove", "add", "add"]
     monkeypatch.setattr(pg, "_driver", lambda: None)  # a driver without the edge functions
     assert pg.move_edges_to_launch_order(_FakeGraph()) == 0
+    assert pg.graph_edges(_FakeGraph()) is None
+
+
+def test_replacing_edges_keeps_the_others_and_the_destination_port(monkeypatch):
+    """The public rewiring (``bench gemm-waits`` makes plain edges programmatic with it): only the edges given change,
+    to the port and type asked."""
+    from stage4_fast.kernel import pdl_graph as pg
+
+    driver = _FakeDriver([(1, 2, 0, 0), (1, 3, 0, 0), (2, 3, 0, 0)])
+    monkeypatch.setattr(pg, "_driver", lambda: driver)
+    edges = pg.graph_edges(_FakeGraph())
+    assert edges == [pg.Edge(1, 2, 0, 0), pg.Edge(1, 3, 0, 0), pg.Edge(2, 3, 0, 0)]
+    chosen = [e for e in edges if e.src == 1]
+    assert pg.replace_edges(_FakeGraph(), chosen, pg.PORT_PROGRAMMATIC, pg.DEPENDENCY_PROGRAMMATIC)
+    prog = (pg.DEPENDENCY_PROGRAMMATIC, pg.PORT_PROGRAMMATIC)
+    assert sorted(driver.edges) == [(1, 2, *prog), (1, 3, *prog), (2, 3, 0, 0)]
+    assert not pg.replace_edges(_FakeGraph(), [], pg.PORT_PROGRAMMATIC, pg.DEPENDENCY_PROGRAMMATIC)
 
 
 def test_importing_the_engine_does_not_import_triton():
