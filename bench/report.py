@@ -172,7 +172,8 @@ def ablation_rows(results: dict) -> list[dict]:
                     "on": f"server: {y['tok_s']:,.0f} out tok/s; TTFT p50/p99 {ms['ttft_p50_s']:,.0f} / "
                           f"{ms['ttft_p99_s']:,.0f} ms, ITL p50/p99 {ms['itl_p50_s']:,.1f} / "
                           f"{ms['itl_p99_s']:,.1f} ms, TPOT p50/p99 {ms['tpot_p50_s']:,.1f} / "
-                          f"{ms['tpot_p99_s']:,.1f} ms, {y['chunks_per_token']:.2f} chunks per token",
+                          f"{ms['tpot_p99_s']:,.1f} ms, {y['chunks_per_token']:.2f} chunks per token"
+                          + _busy(y.get("server_cpu_busy")),
                     "effect": f"{y['tok_s'] / x['tok_s']:.0%} of offline",
                     "plot": [("output tok/s", x["tok_s"], y["tok_s"], "offline", "served")]})
 
@@ -182,6 +183,13 @@ def ablation_rows(results: dict) -> list[dict]:
         served_burst("served burst", "abl:kv:burst-offline-auto", "abl:kv:burst-served-auto")
     served_burst("served burst, fp8_e4m3 KV", "abl:kv:burst-offline-fp8_e4m3", "abl:kv:burst-served-fp8_e4m3")
     return out
+
+
+def _busy(busy: dict | None) -> str:
+    """The server processes' CPU during a burst, e.g. "; CPU busy: api server 71 %, scheduler_0 98 %"."""
+    if not busy:
+        return ""
+    return "; CPU busy: " + ", ".join(f"{role} {share:.0%}" for role, share in sorted(busy.items()))
 
 
 def ablation_table(rows: list[dict]) -> str:

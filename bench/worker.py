@@ -298,11 +298,45 @@ def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: s
     with launch_server(stage, model, log, dtype, **options) as url:
         # warm up on a prompt outside the workload (the workload's own first prompt would then come from the cache)
         asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
+        server = server_processes()
+        before = cpu_seconds(server)
         r = _run_burst(url, w, burst_client_processes(), http_client)
+        # how busy each server process was during the burst: one near 100 % is where the serving path saturates
+        busy = {role: (t - before[role]) / max(r["seconds"], 1e-9) for role, t in cpu_seconds(server).items()}
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
             "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
-            "client_processes": r["client_processes"], "http_client": http_client,
+            "client_processes": r["client_processes"], "http_client": http_client, "server_cpu_busy": busy,
             **{f"{k}_p{q}_s": _quantile(r[f"{k}_s"], q / 100) for k in ("ttft", "itl", "tpot") for q in (50, 99)}}
+
+
+def server_processes() -> dict:
+    """This process's running server by role, psutil processes: the API server (the launched ``python -m <stage>``)
+    and its workers under their process titles (``minisgl::scheduler_0``, ``minisgl::tokenizer+detokenizer``, ...);
+    empty without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    roles = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmdline = child.cmdline()
+        except psutil.Error:
+            continue
+        if cmdline and cmdline[0].startswith("minisgl::"):
+            roles[cmdline[0].removeprefix("minisgl::")] = child
+        elif len(cmdline) > 2 and cmdline[1] == "-m" and cmdline[2].startswith("stage"):
+            roles["api server"] = child
+    return roles
+
+
+def cpu_seconds(processes: dict) -> dict[str, float]:
+    """User + system CPU seconds of each process (by the same keys)."""
+    out = {}
+    for role, proc in processes.items():
+        t = proc.cpu_times()
+        out[role] = t.user + t.system
+    return out
 
 
 def _quantile(xs: list[float], q: float) -> float | None:

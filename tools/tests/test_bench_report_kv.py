@@ -19,7 +19,8 @@ def test_kv_ablation_rows():
         "abl:kv:burst-offline-auto": _job("models/v49k", offline={"workload": "w", "tok_s": 26_000.0}),
         "abl:kv:burst-served-auto": _job("models/v49k", serve_offline=dict(burst, tok_s=24_000.0)),
         "abl:kv:burst-offline-fp8_e4m3": _job("models/v49k", offline={"workload": "w", "tok_s": 37_000.0}),
-        "abl:kv:burst-served-fp8_e4m3": _job("models/v49k", serve_offline=dict(burst, tok_s=33_300.0)),
+        "abl:kv:burst-served-fp8_e4m3": _job("models/v49k", serve_offline=dict(
+            burst, tok_s=33_300.0, server_cpu_busy={"scheduler_0": 0.97, "api server": 0.714})),
     }}
     rows = {r["name"]: r for r in ablation_rows(results)}
     assert rows["KV cache dtype"]["effect"] == "1.40×"
@@ -28,3 +29,6 @@ def test_kv_ablation_rows():
     assert rows["served burst, fp8_e4m3 KV"]["effect"] == "90% of offline"
     # without the burst group, its row comes from the KV group's bf16 pair (the same measurement)
     assert rows["served burst"]["effect"] == "92% of offline"
+    # where the serving path saturates: each server process's CPU during the burst (absent from older results)
+    assert rows["served burst, fp8_e4m3 KV"]["on"].endswith("; CPU busy: api server 71%, scheduler_0 97%")
+    assert "CPU busy" not in rows["served burst"]["on"]

@@ -113,3 +113,29 @@ def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, http_cli
     assert set(res["cpu_us_per_token"]) == {f"clients ({http_client})", "api server", "scheduler", "detokenizer"}
     assert res["http_client"] == http_client
     assert res["served_model"] == "tiny-qwen3"  # the model asked for, not the server's default
+
+
+def test_the_burst_finds_the_server_processes_by_role(tmp_path):
+    """The served burst reports how busy each server process was: the API server is the launched ``python -m
+    <stage>``, its workers go by their process titles; a client process of the benchmark is none of them."""
+    import subprocess
+
+    titled = "import setproctitle, time; setproctitle.setproctitle('minisgl::scheduler_0'); time.sleep(30)"
+    (tmp_path / "stage_fake").mkdir()
+    (tmp_path / "stage_fake" / "__main__.py").write_text("import time; time.sleep(30)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", titled]),
+             subprocess.Popen([sys.executable, "-m", "stage_fake"], cwd=tmp_path),
+             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])]
+    try:
+        import time
+
+        deadline = time.monotonic() + 20
+        while set(worker.server_processes()) != {"scheduler_0", "api server"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        roles = worker.server_processes()
+        assert {role: p.pid for role, p in roles.items()} == {"scheduler_0": procs[0].pid, "api server": procs[1].pid}
+        assert all(t >= 0 for t in worker.cpu_seconds(roles).values())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
