@@ -74,19 +74,6 @@ def serve(stage: str, argv: list[str], step_s: float) -> None:
 
 # ---- client side ---------------------------------------------------------------------------------------------------
 
-def _server_ttft_buckets(url: str) -> dict[str, int]:
-    """The API server's histogram of submit-to-first-reply times (GET /metrics): cumulative count per bucket."""
-    import httpx
-
-    out: dict[str, int] = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("minisgl_time_to_first_token_seconds_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            if le != "+Inf":
-                out[le] = int(float(line.rsplit(" ", 1)[1]))
-    return out
-
-
 def _cpu_seconds(pids: list[int]) -> dict[int, float]:
     """User + system CPU seconds; for this process also its finished children (the client processes)."""
     import psutil
@@ -120,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
     import psutil
 
-    from .worker import _quantile, _run_burst, _run_clients
+    from .worker import _quantile, _run_burst, _run_clients, server_ttft_buckets
     from .workloads import Workload
 
     port = 20000 + os.getpid() % 20000
@@ -159,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         names = {os.getpid(): f"clients ({args.http_client})", proc.pid: "api server"}
         names.update(zip([c.pid for c in workers], ["scheduler", "detokenizer"]))
         before = _cpu_seconds(list(names))
-        ttft_before = _server_ttft_buckets(url)
+        ttft_before = server_ttft_buckets(url)
         w = Workload("burst", prompts(args.requests), [args.output_len] * args.requests)
         r = _run_burst(url, w, args.client_procs, args.http_client)
         after = _cpu_seconds(list(names))
-        server_ttft = {le: n - ttft_before.get(le, 0) for le, n in _server_ttft_buckets(url).items()}
+        server_ttft = {le: n - ttft_before.get(le, 0) for le, n in server_ttft_buckets(url).items()}
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

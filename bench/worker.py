@@ -299,14 +299,37 @@ def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: s
         # warm up on a prompt outside the workload (the workload's own first prompt would then come from the cache)
         asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
         server = server_processes()
-        before = cpu_seconds(server)
+        before, ttft_before = cpu_seconds(server), server_ttft_buckets(url)
         r = _run_burst(url, w, burst_client_processes(), http_client)
         # how busy each server process was during the burst: one near 100 % is where the serving path saturates
         busy = {role: (t - before[role]) / max(r["seconds"], 1e-9) for role, t in cpu_seconds(server).items()}
+        # the burst's time to first token as the API server saw it (request submitted to first reply) and as the
+        # clients did (request sent), cumulative counts per bucket: a gap between the two is the HTTP intake
+        server_ttft = {le: n - ttft_before.get(le, 0) for le, n in server_ttft_buckets(url).items()}
+        ttft_buckets = {"client": {le: sum(t <= float(le) for t in r["ttft_s"]) for le in server_ttft},
+                        "server": server_ttft}
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
             "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
             "client_processes": r["client_processes"], "http_client": http_client, "server_cpu_busy": busy,
+            "ttft_buckets": ttft_buckets,
             **{f"{k}_p{q}_s": _quantile(r[f"{k}_s"], q / 100) for k in ("ttft", "itl", "tpot") for q in (50, 99)}}
+
+
+def server_ttft_buckets(url: str) -> dict[str, int]:
+    """The API server's histogram of submit-to-first-reply times (GET /metrics): cumulative count per bucket."""
+    import httpx
+
+    out: dict[str, int] = {}
+    try:
+        reply = httpx.get(url + "/metrics", timeout=10)
+    except httpx.HTTPError:
+        return out  # (a server without the endpoint gives none either)
+    for line in reply.text.splitlines():
+        if line.startswith("minisgl_time_to_first_token_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            if le != "+Inf":
+                out[le] = int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def server_processes() -> dict:

@@ -38,7 +38,7 @@ WHEELS=(  # what stage4 needs beyond torch/transformers, at the versions the CPU
   pyzmq==27.3.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5
   annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2
   setproctitle==1.3.8  # the server names its processes (without it the server does not start)
-  uvloop==0.23.0 httptools==0.9.0  # uvicorn's event loop and HTTP parser (the API server's streamed chunks)
+  uvloop==0.23.0 httptools==0.9.0 orjson==3.13.0  # uvicorn's event loop and HTTP parser, the chunks' JSON
   xgrammar==0.2.9  # response_format (python -m bench api-costs --gpu)
   aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 frozenlist==1.8.0 multidict==7.2.1
   propcache==0.5.4 yarl==1.25.1 idna==3.20  # the benchmark's streaming client (bench/stream_client.py)

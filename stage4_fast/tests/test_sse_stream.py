@@ -56,7 +56,7 @@ def test_stream_is_head_chunks_usage_then_done():
     got = events(delta("Hel"), rest, head=True)
     assert [json.loads(e[len("data: "):]) for e in got[:-1]] == [
         {"text": None}, {"text": "Hel"}, {"text": "lo"}, {"usage": 2}]  # the empty delta sends nothing
-    assert got[-1] == "data: [DONE]\n\n" and all(e.endswith("\n\n") for e in got)
+    assert got[-1] == b"data: [DONE]\n\n" and all(e.endswith(b"\n\n") for e in got)
     assert rest.closed
 
 
@@ -65,7 +65,7 @@ def test_a_backend_failure_mid_stream_is_an_error_event_then_done():
     got = events(delta("Hi"), rest, usage=False)
     assert json.loads(got[0][len("data: "):]) == {"text": "Hi"}
     assert json.loads(got[2][len("data: "):])["error"]["message"]
-    assert got[-1] == "data: [DONE]\n\n" and rest.closed
+    assert got[-1] == b"data: [DONE]\n\n" and rest.closed
 
 
 def test_a_consumer_that_stops_early_closes_the_deltas():
@@ -74,7 +74,7 @@ def test_a_consumer_that_stops_early_closes_the_deltas():
 
     async def run() -> None:
         stream = _sse_stream([delta("x")], [rest], lambda i, d: {"t": d.text}, None)
-        assert (await stream.__anext__()).startswith("data: ")
+        assert (await stream.__anext__()).startswith(b"data: ")
         await stream.aclose()
 
     asyncio.run(run())

@@ -31,6 +31,7 @@ def test_serve_runs_never_repeat_a_prompt(monkeypatch):
     monkeypatch.setattr(worker, "_run_clients", fake_run_clients)
     monkeypatch.setattr(worker, "launch_server", fake_server)
     monkeypatch.setattr(worker, "burst_client_processes", lambda: 1)
+    monkeypatch.setattr(worker, "server_ttft_buckets", lambda url: {"0.1": 0, "1.0": 0})
     worker.task_serve("stage3_served", "m", SIZES["cpu", False], 49152, "float32", Path("log"), {})
     assert len(sent) == 1 + sum(SIZES["cpu", False].serve_requests.values())
     assert len(set(sent)) == len(sent)
