@@ -237,9 +237,15 @@ def _free_port() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
+class ServerURL(str):
+    """A launched server's base URL (a plain string wherever one is expected) that knows the server's process."""
+
+    pid: int
+
+
 @contextmanager
 def launch_server(stage: str, model: str, log_path: Path, dtype: str, timeout_s: float = 600.0,
-                  **options) -> Iterator[str]:
+                  **options) -> Iterator[ServerURL]:
     """Start `python -m <stage> --model DIR --port P` in its own session, wait for /health, yield the base URL, and
     stop it (SIGTERM: the server takes its workers down) on exit."""
     import httpx
@@ -273,7 +279,9 @@ def launch_server(stage: str, model: str, log_path: Path, dtype: str, timeout_s:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server not ready after {timeout_s:.0f} s (log: {log_path})")
             time.sleep(0.5)
-        yield url
+        served = ServerURL(url)
+        served.pid = proc.pid
+        yield served
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

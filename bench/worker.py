@@ -298,7 +298,7 @@ def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: s
     with launch_server(stage, model, log, dtype, **options) as url:
         # warm up on a prompt outside the workload (the workload's own first prompt would then come from the cache)
         asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
-        server = server_processes()
+        server = server_processes(getattr(url, "pid", None))
         before, ttft_before = cpu_seconds(server), server_ttft_buckets(url)
         r = _run_burst(url, w, burst_client_processes(), http_client)
         # how busy each server process was during the burst: one near 100 % is where the serving path saturates
@@ -332,24 +332,27 @@ def server_ttft_buckets(url: str) -> dict[str, int]:
     return out
 
 
-def server_processes() -> dict:
-    """This process's running server by role, psutil processes: the API server (the launched ``python -m <stage>``)
-    and its workers under their process titles (``minisgl::scheduler_0``, ``minisgl::tokenizer+detokenizer``, ...);
-    empty without psutil."""
+def server_processes(api_server_pid: int | None) -> dict:
+    """A launched server's processes by role, psutil processes: the API server (``api_server_pid``, the launched
+    ``python -m <stage>``) and its workers under their process titles (``minisgl::scheduler_0``,
+    ``minisgl::tokenizer+detokenizer``, ...); empty without a pid or without psutil."""
+    if api_server_pid is None:
+        return {}
     try:
         import psutil
-    except ImportError:
+
+        api_server = psutil.Process(api_server_pid)
+        children = api_server.children(recursive=True)
+    except (ImportError, OSError):  # (psutil's errors are OSErrors)
         return {}
-    roles = {}
-    for child in psutil.Process().children(recursive=True):
+    roles = {"api server": api_server}
+    for child in children:
         try:
-            cmdline = child.cmdline()
-        except psutil.Error:
+            title = child.cmdline()[:1]
+        except OSError:
             continue
-        if cmdline and cmdline[0].startswith("minisgl::"):
-            roles[cmdline[0].removeprefix("minisgl::")] = child
-        elif len(cmdline) > 2 and cmdline[1] == "-m" and cmdline[2].startswith("stage"):
-            roles["api server"] = child
+        if title and title[0].startswith("minisgl::"):
+            roles[title[0].removeprefix("minisgl::")] = child
     return roles
 
 

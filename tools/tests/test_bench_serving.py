@@ -116,27 +116,27 @@ def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, http_cli
     assert res["served_model"] == "tiny-qwen3"  # the model asked for, not the server's default
 
 
-def test_the_burst_finds_the_server_processes_by_role(tmp_path):
-    """The served burst reports how busy each server process was: the API server is the launched ``python -m
-    <stage>``, its workers go by their process titles; a client process of the benchmark is none of them."""
+def test_the_burst_finds_the_server_processes_by_role():
+    """The served burst reports how busy each process of the server it launched was: the API server is that
+    process, its workers go by their process titles; a child without a title is none of them."""
+    import os
+    import signal
     import subprocess
+    import time
 
     titled = "import setproctitle, time; setproctitle.setproctitle('minisgl::scheduler_0'); time.sleep(30)"
-    (tmp_path / "stage_fake").mkdir()
-    (tmp_path / "stage_fake" / "__main__.py").write_text("import time; time.sleep(30)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", titled]),
-             subprocess.Popen([sys.executable, "-m", "stage_fake"], cwd=tmp_path),
-             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])]
+    server = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {titled!r}]); "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)")
+    api = subprocess.Popen([sys.executable, "-c", server], start_new_session=True)
     try:
-        import time
-
         deadline = time.monotonic() + 20
-        while set(worker.server_processes()) != {"scheduler_0", "api server"} and time.monotonic() < deadline:
+        while set(worker.server_processes(api.pid)) != {"scheduler_0", "api server"} and time.monotonic() < deadline:
             time.sleep(0.1)
-        roles = worker.server_processes()
-        assert {role: p.pid for role, p in roles.items()} == {"scheduler_0": procs[0].pid, "api server": procs[1].pid}
+        roles = worker.server_processes(api.pid)
+        assert set(roles) == {"scheduler_0", "api server"} and roles["api server"].pid == api.pid
+        assert roles["scheduler_0"].cmdline()[0] == "minisgl::scheduler_0"
         assert all(t >= 0 for t in worker.cpu_seconds(roles).values())
+        assert worker.server_processes(None) == {}  # a server the benchmark did not launch (a test's fake)
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        os.killpg(api.pid, signal.SIGKILL)
+        api.wait()
