@@ -74,17 +74,6 @@ def serve(stage: str, argv: list[str], step_s: float) -> None:
 
 # ---- client side ---------------------------------------------------------------------------------------------------
 
-def _cpu_seconds(pids: list[int]) -> dict[int, float]:
-    """User + system CPU seconds; for this process also its finished children (the client processes)."""
-    import psutil
-
-    out = {}
-    for pid in pids:
-        t = psutil.Process(pid).cpu_times()
-        out[pid] = t.user + t.system + (t.children_user + t.children_system if pid == os.getpid() else 0.0)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench serve-path", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
     import psutil
 
-    from .worker import _quantile, _run_burst, _run_clients, server_ttft_buckets
+    from .worker import (
+        _quantile,
+        _run_burst,
+        _run_clients,
+        burst_ttft_buckets,
+        cpu_seconds,
+        server_processes,
+        server_ttft_buckets,
+    )
     from .workloads import Workload
 
     port = 20000 + os.getpid() % 20000
@@ -140,17 +137,20 @@ def main(argv: list[str] | None = None) -> int:
             return [[rng.randint(100, vocab - 100) for _ in range(rng.randint(*args.prompt_len))] for _ in range(n)]
 
         asyncio.run(_run_clients(url, Workload("warm-up", prompts(4), [8] * 4), 4))
-        # the launcher (API server) starts the scheduler, then the tokenizer/detokenizer worker
-        workers = sorted((c for c in psutil.Process(proc.pid).children(recursive=True)
-                          if "resource_tracker" not in " ".join(c.cmdline())), key=lambda c: c.create_time())
-        names = {os.getpid(): f"clients ({args.http_client})", proc.pid: "api server"}
-        names.update(zip([c.pid for c in workers], ["scheduler", "detokenizer"]))
-        before = _cpu_seconds(list(names))
-        ttft_before = server_ttft_buckets(url)
+        # the launcher (API server) and its workers by their process titles, and this process with its client
+        # processes (children that have finished by the end of the burst)
+        server = server_processes(proc.pid)
+        clients = f"clients ({args.http_client})"
+
+        def cpu() -> dict[str, float]:
+            own = psutil.Process().cpu_times()
+            return {clients: own.user + own.system + own.children_user + own.children_system, **cpu_seconds(server)}
+
+        before, ttft_before = cpu(), server_ttft_buckets(url)
         w = Workload("burst", prompts(args.requests), [args.output_len] * args.requests)
         r = _run_burst(url, w, args.client_procs, args.http_client)
-        after = _cpu_seconds(list(names))
-        server_ttft = {le: n - ttft_before.get(le, 0) for le, n in server_ttft_buckets(url).items()}
+        after = cpu()
+        ttft_buckets = burst_ttft_buckets(url, ttft_before, r["ttft_s"])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -162,14 +162,8 @@ def main(argv: list[str] | None = None) -> int:
            "chunks_per_token": r["chunks_per_token"], "wrong_lengths": r["wrong_lengths"],
            "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),
            "itl_p50_s": _quantile(r["itl_s"], 0.5), "itl_p99_s": _quantile(r["itl_s"], 0.99),
-           "cpu_us_per_token": {},
-           # the same requests' time to first token, cumulative counts per bucket (seconds): as the client saw it
-           # (request sent) and as the API server saw it (request parsed and submitted); a gap between the two is
-           # spent before the server submits (the client, the HTTP intake)
-           "ttft_buckets": {"client": {le: sum(t <= float(le) for t in r["ttft_s"]) for le in server_ttft},
-                            "server": server_ttft}}
-    for pid, t in after.items():
-        res["cpu_us_per_token"][names[pid]] = 1e6 * (t - before[pid]) / max(tokens, 1)
+           "cpu_us_per_token": {role: 1e6 * (t - before[role]) / max(tokens, 1) for role, t in after.items()},
+           "ttft_buckets": ttft_buckets}
     print(f"{args.requests} streams x {args.output_len} tokens: {tokens:,} tokens in {r['seconds']:.2f} s = "
           f"{r['tok_s']:,.0f} tok/s; chunks/token {r['chunks_per_token']:.2f}; TTFT p50/p99 "
           f"{res['ttft_p50_s'] * 1e3:.0f}/{res['ttft_p99_s'] * 1e3:.0f} ms; wrong lengths {r['wrong_lengths']}")

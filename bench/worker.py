@@ -303,11 +303,7 @@ def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: s
         r = _run_burst(url, w, burst_client_processes(), http_client)
         # how busy each server process was during the burst: one near 100 % is where the serving path saturates
         busy = {role: (t - before[role]) / max(r["seconds"], 1e-9) for role, t in cpu_seconds(server).items()}
-        # the burst's time to first token as the API server saw it (request submitted to first reply) and as the
-        # clients did (request sent), cumulative counts per bucket: a gap between the two is the HTTP intake
-        server_ttft = {le: n - ttft_before.get(le, 0) for le, n in server_ttft_buckets(url).items()}
-        ttft_buckets = {"client": {le: sum(t <= float(le) for t in r["ttft_s"]) for le in server_ttft},
-                        "server": server_ttft}
+        ttft_buckets = burst_ttft_buckets(url, ttft_before, r["ttft_s"])
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
             "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
             "client_processes": r["client_processes"], "http_client": http_client, "server_cpu_busy": busy,
@@ -330,6 +326,14 @@ def server_ttft_buckets(url: str) -> dict[str, int]:
             if le != "+Inf":
                 out[le] = int(float(line.rsplit(" ", 1)[1]))
     return out
+
+
+def burst_ttft_buckets(url: str, server_before: dict[str, int], client_ttft_s: list[float]) -> dict:
+    """A burst's time to first token, cumulative counts per bucket (seconds): as the clients saw it (request sent)
+    and as the API server did (request submitted to first reply: its histogram since ``server_before``); a gap
+    between the two is spent before the server submits (the client, the HTTP intake)."""
+    server = {le: n - server_before.get(le, 0) for le, n in server_ttft_buckets(url).items()}
+    return {"client": {le: sum(t <= float(le) for t in client_ttft_s) for le in server}, "server": server}
 
 
 def server_processes(api_server_pid: int | None) -> dict:

@@ -243,7 +243,8 @@ async def _collect(request: Request, firsts: Sequence[Delta], streams: Sequence[
 
 
 def _sse(obj: Any) -> bytes:
-    # orjson: a streamed chunk is encoded per token per stream, the API server's busiest line after the socket write
+    # orjson: a streamed chunk is encoded per token per stream (json.dumps was ~7 % of the API server's time in a
+    # streaming burst, after the socket writes and the HTTP layer)
     # (UTF-8 as json.dumps(ensure_ascii=False); a NaN or infinity, which JSON has no word for, becomes null)
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 

@@ -111,7 +111,8 @@ def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, http_cli
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["output_tokens"] == 24 and res["wrong_lengths"] == 0
-    assert set(res["cpu_us_per_token"]) == {f"clients ({http_client})", "api server", "scheduler", "detokenizer"}
+    assert set(res["cpu_us_per_token"]) == {f"clients ({http_client})", "api server", "scheduler_0",
+                                            "tokenizer+detokenizer"}
     assert res["http_client"] == http_client
     assert res["served_model"] == "tiny-qwen3"  # the model asked for, not the server's default
 
