@@ -1,7 +1,7 @@
 """A decode step as two micro-batches on two CUDA streams (GPU): whether one half's latency-bound GEMMs can run
 beside the other half's bandwidth-bound attention.
 
-    python -m bench microbatch [--rows 64 128 224] [--kv-dtype fp8_e4m3] [--attn-sms 116 100] [--json out.json]
+    python -m bench microbatch [--rows 64 128 224] [--kv-dtype fp8_e4m3] [--json out.json]
 
 A decode step of the Qwen3-0.6B shape spends ~0.9 ms in 113 GEMMs that use a fraction of the SMs each (~6 us for
 4-12 MB of weights) and ~2.5 ms in an attention that streams the KV cache (`bench/gpu_notes.md` sections 12-13).
@@ -14,9 +14,7 @@ CUDA graph, timed per step (ms) three ways:
 * ``halves``: two half batches one after the other on one stream (what splitting costs by itself: each GEMM
   reads its weights twice);
 * ``overlap``: the two halves on two streams, forked and joined inside the graph, so the GPU may run one half's
-  GEMMs beside the other's attention;
-* ``confined N`` (``--attn-sms N``): ``overlap`` with every attention kept to the first N SMs (the kernels'
-  ``confine`` launch), so that the other half's GEMMs find SMs that the attention does not hold.
+  GEMMs beside the other's attention.
 
 The halves give the same tokens as the whole batch where cuBLAS picks the same reduction order (checked).
 """
@@ -65,18 +63,14 @@ class DecodeStep:
         self.seq_lens = torch.full((rows,), kv_len, device=dev, dtype=torch.int32)
         self.x0 = rand(rows, HIDDEN, scale=1.0)
         self.res0 = rand(rows, HIDDEN, scale=1.0)
-        self.work = torch.zeros(2, 2, device=dev, dtype=torch.int32)  # a confined attention's counters per stream
 
     def _splits(self, rows: int) -> int:
         cuda = self.ta.cuda_fp8_decode_applies(torch.bfloat16, self.k_cache[0].dtype, D, HQ // HKV,
                                                    self.k_cache[0].device)
         return self.ta.decode_num_splits(rows, HKV, 16, cuda_fp8=cuda)
 
-    def forward(self, r0: int, r1: int, out_tokens: torch.Tensor, confine: tuple | None = None) -> None:
-        """Rows [r0, r1) through the step; their argmax tokens into out_tokens[r0:r1]. ``confine``: (SMs, programs
-        per SM) for the attention, counted on this half's own counters."""
-        if confine is not None:
-            confine = (self.work[0 if r0 == 0 else 1], *confine)
+    def forward(self, r0: int, r1: int, out_tokens: torch.Tensor) -> None:
+        """Rows [r0, r1) through the step; their argmax tokens into out_tokens[r0:r1]."""
         rows = r1 - r0
         x, res = self.x0[r0:r1].clone(), self.res0[r0:r1].clone()
         splits = self._splits(rows)
@@ -88,7 +82,7 @@ class DecodeStep:
             q = qkv[:, : HQ * D].view(rows, HQ, D)
             attn = self.ta.decode_attention(q, self.k_cache[i], self.v_cache[i], self.page_table,
                                             self.table_idx[r0:r1], self.seq_lens[r0:r1], D**-0.5, splits,
-                                            mid_o=mid_o, mid_lse=mid_lse, confine=confine)
+                                            mid_o=mid_o, mid_lse=mid_lse)
             o = F.linear(attn.view(rows, HQ * D), self.w_o[i])
             h = self.fused.add_rmsnorm(o, res, self.norm_w, 1e-6)
             x = F.linear(self.fused.silu_and_mul(F.linear(h, self.w_gu[i])), self.w_down[i])
@@ -96,10 +90,9 @@ class DecodeStep:
         out_tokens[r0:r1] = F.linear(h, self.lm_head).argmax(-1).to(torch.int32)
 
 
-def capture(step: DecodeStep, mode: str, out: torch.Tensor, per_sm: int = 3) -> torch.cuda.CUDAGraph:
+def capture(step: DecodeStep, mode: str, out: torch.Tensor) -> torch.cuda.CUDAGraph:
     half = step.rows // 2
     side = torch.cuda.Stream()
-    confine = (int(mode.split()[1]), per_sm) if mode.startswith("confined") else None
 
     def run():
         if mode == "one":
@@ -111,8 +104,8 @@ def capture(step: DecodeStep, mode: str, out: torch.Tensor, per_sm: int = 3) -> 
             main = torch.cuda.current_stream()
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                step.forward(half, step.rows, out, confine)
-            step.forward(0, half, out, confine)
+                step.forward(half, step.rows, out)
+            step.forward(0, half, out)
             main.wait_stream(side)
 
     return capture_graph(run)
@@ -127,34 +120,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-len", type=int, default=760, help="KV tokens per request (step 200 of the workload: ~770)")
     ap.add_argument("--kv-dtype", default="fp8_e4m3", choices=["bfloat16", "fp8_e4m3"])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--attn-sms", type=int, nargs="*", default=[],
-                    help="also run the overlap with the attention kept to this many SMs (one mode each)")
-    ap.add_argument("--attn-programs-per-sm", type=int, default=3,
-                    help="programs per SM of a confined Triton attention (the CUDA fp8 kernel asks the occupancy)")
     ap.add_argument("--json", type=Path, default=None)
     given = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(given)
     kv_dtype = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}[args.kv_dtype]
-    modes = MODES + tuple(f"confined {n}" for n in args.attn_sms)
     results: Dict[str, dict] = {}
     for rows in args.rows:
         step = DecodeStep(rows, args.kv_len, kv_dtype)
-        outs = {m: torch.zeros(rows, dtype=torch.int32, device="cuda") for m in modes}
-        graphs = {m: capture(step, m, outs[m], args.attn_programs_per_sm) for m in modes}
-        times: Dict[str, List[float]] = {m: [] for m in modes}
+        outs = {m: torch.zeros(rows, dtype=torch.int32, device="cuda") for m in MODES}
+        graphs = {m: capture(step, m, outs[m]) for m in MODES}
+        times: Dict[str, List[float]] = {m: [] for m in MODES}
         for _ in range(args.rounds):
-            for m in modes:
+            for m in MODES:
                 times[m].append(replay_ms(graphs[m], replays=10))
-        agree = {m: float((outs[m] == outs["one"]).float().mean().item()) for m in modes}
-        # a confined attention does each item as the plain launch does: the same bits as the plain overlap
-        same = {m: bool(torch.equal(outs[m], outs["overlap"])) for m in modes if m.startswith("confined")}
+        agree = {m: float((outs[m] == outs["one"]).float().mean().item()) for m in MODES}
         best = {m: min(t) for m, t in times.items()}
-        results[str(rows)] = {"ms_per_step": best, "all_rounds": times, "token_agreement_with_one": agree,
-                              "confined_equal_to_overlap": same}
+        results[str(rows)] = {"ms_per_step": best, "all_rounds": times, "token_agreement_with_one": agree}
         print(f"rows {rows:4d}, {args.kv_len} KV tokens each ({args.kv_dtype}): ms per step  "
-              + "  ".join(f"{m} {best[m]:.3f}" for m in modes)
-              + f"   (overlap / one {best['overlap'] / best['one']:.3f}; tokens equal to one's: {agree}; "
-              f"confined = overlap: {same})", flush=True)
+              + "  ".join(f"{m} {best[m]:.3f}" for m in MODES)
+              + f"   (overlap / one {best['overlap'] / best['one']:.3f}; tokens equal to one's: {agree})", flush=True)
         del graphs, step
         torch.cuda.empty_cache()
     if args.json:

@@ -108,18 +108,20 @@ SCRATCH_SPLIT_ALIGN = 16
 _DECODE_UNSPECIALISED = ["num_splits"]
 
 
-@triton.jit
-def _decode_item(
-    b, kv_head, split,
+@triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
+def _decode_split_kernel(
     Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    WHOLE_BLOCKS: tl.constexpr,
+    WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One (sequence, KV head, split): the split's keys against the KV head's query heads."""
+    pdl_wait(PDL)
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
     row = tl.load(TableIdx + b).to(tl.int64)
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
@@ -180,62 +182,6 @@ def _decode_item(
         tl.store(MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
                  out, mask=out_mask)
         tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
-
-
-@triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
-def _decode_split_kernel(
-    Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    sm_scale, v_scale, num_splits,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
-):
-    pdl_wait(PDL)
-    _decode_item(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2),
-        Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
-        stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-        stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-        sm_scale, v_scale, num_splits, GROUP, BLOCK_H, BLOCK_N, BLOCK_D, HEAD_DIM, DIRECT, DOT_PRECISION, FP16_DOTS,
-        WHOLE_BLOCKS,
-    )
-
-
-@triton.jit(do_not_specialize=_DECODE_UNSPECIALISED + ["batch"])
-def _decode_confined_kernel(
-    Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out, Work,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    sm_scale, v_scale, num_splits, batch, num_kv_heads, sm_limit,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
-):
-    """The decode kernel on the SMs below ``sm_limit`` only (see ``decode_attention``'s ``confine``): one wave of
-    programs; those on other SMs leave at once, the rest take (sequence, KV head, split) items, heads first, from
-    Work[0] until none are left; the last program out zeroes Work[0:2] for the next launch."""
-    pdl_wait(PDL)
-    smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tl.program_id(0)], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-    if smid < sm_limit:
-        items = batch * num_kv_heads * num_splits
-        item = tl.atomic_add(Work, 1)
-        while item < items:
-            rest = item // num_kv_heads
-            _decode_item(
-                rest % batch, item % num_kv_heads, rest // batch,
-                Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
-                stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-                stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-                sm_scale, v_scale, num_splits, GROUP, BLOCK_H, BLOCK_N, BLOCK_D, HEAD_DIM, DIRECT, DOT_PRECISION,
-                FP16_DOTS, WHOLE_BLOCKS,
-            )
-            item = tl.atomic_add(Work, 1)
-    if tl.atomic_add(Work + 1, 1) == tl.num_programs(0) - 1:
-        tl.store(Work, 0)
-        tl.store(Work + 1, 0)
 
 
 @triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
@@ -465,7 +411,6 @@ def decode_attention(
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None, cuda_stages: int | None = None,
     cuda_heads_first: bool | None = None, cuda_warps: int | None = None,
-    confine: tuple[torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
     v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
@@ -473,9 +418,7 @@ def decode_attention(
     num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks) and so pick the Triton
     kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``); ``cuda_stages``,
     ``cuda_heads_first`` and ``cuda_warps`` override DECODE_FP8_CUDA_STAGES, DECODE_FP8_CUDA_HEADS_FIRST and
-    ``cuda_fp8_decode_warps`` there. ``confine`` = (work, sm_limit, programs per SM): the kernel runs on the SMs
-    below sm_limit only, as one wave of programs taking items from ``work`` (int32 [2], zero, one per stream that
-    may run a decode at the same time), so that another stream's kernels find the other SMs free."""
+    ``cuda_fp8_decode_warps`` there."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -512,19 +455,7 @@ def decode_attention(
                         sm_scale * k_scale * LOG2E, v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
                         DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first,
                         cuda_warps or cuda_fp8_decode_warps(batch * num_kv_heads * num_splits,
-                                                            _num_sms(q.device)), pdl,
-                        None if confine is None else confine[0], 0 if confine is None else confine[1])
-    elif confine is not None:
-        work, sm_limit, per_sm = confine
-        _decode_confined_kernel[(per_sm * _num_sms(q.device),)](
-            q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out, work,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-            page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
-            sm_scale * k_scale * LOG2E, v_scale, num_splits, batch, num_kv_heads, sm_limit,
-            GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
-            DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), PDL=pdl, **launch, **pdl_options,
-        )
+                                                            _num_sms(q.device)), pdl)
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,

@@ -264,15 +264,20 @@ __device__ __forceinline__ void attend_tile(uint32_t stage, const StageOffsets& 
     }
 }
 
-// One (sequence, KV head, split) item: its keys' scores and the weighted V rows of the group's query heads.
 template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
-__device__ __forceinline__ void decode_item(const DecodeFp8Args& a, const int b, const int kv_head, const int split) {
+__global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
+    decode_fp8_kernel(const DecodeFp8Args a) {
   constexpr int kDecodeThreads = kDecodeWarps * kWarpSize;
   constexpr int kRoundKeys = kTileKeys * kDecodeWarps;  // the keys one round of all warps covers
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2;  // the mma's row group: key labels g and 8 + g, query head g, V dims 16g ..
   const int t = lane & 3;   // the thread in the group: K dims 32t .., query heads 2t and 2t + 1, V positions 4t ..
+  // heads first: the programs of one sequence's KV heads start together and read the same token rows (128 bytes
+  // each of a row's 1 KB) at about the same time
+  const int b = a.heads_first ? blockIdx.y : blockIdx.x;
+  const int kv_head = a.heads_first ? blockIdx.x : blockIdx.y;
+  const int split = blockIdx.z;
 
   const int seq_len = a.seq_lens[b];
   const int per_split = (seq_len + a.num_splits - 1) / a.num_splits;
@@ -401,64 +406,13 @@ __device__ __forceinline__ void decode_item(const DecodeFp8Args& a, const int b,
   }
 }
 
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
-__global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
-    decode_fp8_kernel(const DecodeFp8Args a) {
-  // heads first: the programs of one sequence's KV heads start together and read the same token rows (128 bytes
-  // each of a row's 1 KB) at about the same time
-  const int b = a.heads_first ? blockIdx.y : blockIdx.x;
-  const int kv_head = a.heads_first ? blockIdx.x : blockIdx.y;
-  decode_item<QT, kE5M2, kDirect, kStages, kDecodeWarps>(a, b, kv_head, blockIdx.z);
-}
-
-// Confined (a.work): programs on the SMs from sm_limit on leave at once; the others take items (heads first) until
-// none are left. An item's copies reuse the shared memory the previous item's merge read: the barriers order them.
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
-__global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
-    decode_fp8_confined_kernel(const DecodeFp8Args a) {
-  uint32_t smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-  if (smid < static_cast<uint32_t>(a.sm_limit)) {
-    __shared__ int item;
-    const int items = a.batch * a.num_kv_heads * a.num_splits;
-    for (;;) {
-      if (threadIdx.x == 0) item = atomicAdd(a.work, 1);
-      __syncthreads();
-      const int w = item;
-      __syncthreads();
-      if (w >= items) break;
-      const int kv_head = w % a.num_kv_heads;
-      const int rest = w / a.num_kv_heads;
-      decode_item<QT, kE5M2, kDirect, kStages, kDecodeWarps>(a, rest % a.batch, kv_head, rest / a.batch);
-    }
-  }
-  if (threadIdx.x == 0 && atomicAdd(a.work + 1, 1) == static_cast<int>(gridDim.x) - 1) {
-    a.work[0] = 0;  // every program has taken its last item: the next launch starts from zero
-    a.work[1] = 0;
-  }
-}
-
 template <typename QT, bool kE5M2, bool kDirect, int kStages, int kWarps>
 void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
   constexpr int smem_bytes = kStages * kWarps * kStageBytes;
-  auto* kernel = a.work != nullptr ? decode_fp8_confined_kernel<QT, kE5M2, kDirect, kStages, kWarps>
-                                   : decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>;
-  static const cudaError_t configured[2] = {  // above the 48 KB a launch gets unasked
-      cudaFuncSetAttribute(decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-      cudaFuncSetAttribute(decode_fp8_confined_kernel<QT, kE5M2, kDirect, kStages, kWarps>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes)};
+  static const cudaError_t configured = cudaFuncSetAttribute(  // above the 48 KB a launch gets unasked
+      decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      smem_bytes);
   (void)configured;
-  if (a.work != nullptr) {  // one wave: as many programs as every SM holds
-    static const int per_sm = [&] {
-      int n = 0, device = 0, sms = 0;
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * kWarpSize, smem_bytes);
-      cudaGetDevice(&device);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      return n * sms;
-    }();
-    grid = dim3(per_sm);
-  }
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
@@ -469,7 +423,7 @@ void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = a.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&config, kernel, a);
+  cudaLaunchKernelEx(&config, decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, a);
 }
 
 template <typename QT, bool kE5M2, bool kDirect, int kStages>

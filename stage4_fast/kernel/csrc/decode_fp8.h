@@ -27,13 +27,6 @@ struct DecodeFp8Args {
   int heads_first;  // grid order: a sequence's KV heads side by side (1) or one KV head's sequences (0)
   int warps;        // warps per program: 4 or 8
   int pdl;          // launch with programmatic dependent launch (sm_90+; kernel/pdl.py)
-  // Confined launch (work != nullptr): one wave of programs takes (sequence, KV head, split) items from work[0] on
-  // the SMs below sm_limit only, so that kernels on another stream find the other SMs free; work[1] counts the
-  // programs out, and the last one zeroes both for the next launch.
-  int* work;
-  int sm_limit;
-  int batch;
-  int num_kv_heads;
 };
 
 }  // namespace stage4
