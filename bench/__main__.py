@@ -8,6 +8,7 @@ commands:
   ab             this checkout against another commit, in alternating rounds of one worker task
   breakdown      where one offline `generate` spends its time: per step host vs device, a kernel profile (GPU)
   decode-sweep   the Triton decode kernel's launch parameters at the real workload's shapes (GPU)
+  decode-shapes  a decode-attention launch's cost as its batch's sequences grow and spread (GPU)
   gemv-sweep     the one-token Triton GEMV against cuBLAS at the model's linear shapes (GPU)
   gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and a split-K Triton GEMM at the model's shapes (GPU)
   cublaslt-sweep every cuBLASLt heuristic algorithm for the decode-batch GEMMs against F.linear's pick (GPU)
@@ -33,7 +34,7 @@ import importlib
 import sys
 
 COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker", "ab": "ab",
-            "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep",
+            "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep", "decode-shapes": "gpu_decode_shapes",
             "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep",
             "cublaslt-sweep": "gpu_cublaslt_sweep", "layer-chain": "gpu_layer_chain",
             "gemm-waits": "gpu_gemm_waits",
