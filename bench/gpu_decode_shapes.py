@@ -92,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spread-batches", type=int, nargs="*", default=[224, 128, 64], help="batch sizes of the spread")
     ap.add_argument("--kv-dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="override a module constant first (e.g. stage4_fast.kernel.triton_attention."
+                         "DECODE_FP8_CUDA_PERSISTENT=False), for A/B runs")
     given = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(given)
+    meta.apply_sets(args.set)
     results: dict = {"lengths": {}, "fit": {}, "spread": {}}
     for name in args.kv_dtypes:
         kv_dtype = DTYPES[name]
