@@ -299,7 +299,7 @@ __device__ __forceinline__ ItemStart<kStages> begin_item(const DecodeFp8Args& a,
 // One item: its keys' scores and the weighted V rows of the KV head's query heads. `started` runs once this item's
 // first copies are on their way (the persistent kernel reads the next item's start there); thread 0 stores
 // `publish` to `*publish_to` before the merge's last barrier, so that every thread may read it after this returns.
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps, typename Started>
+template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps, bool kPersistent, typename Started>
 __device__ __forceinline__ void run_item(const DecodeFp8Args& a, const ItemStart<kStages>& it, Started&& started,
                                          int* publish_to, int publish) {
   constexpr int kDecodeThreads = kDecodeWarps * kWarpSize;
@@ -332,7 +332,11 @@ __device__ __forceinline__ void run_item(const DecodeFp8Args& a, const ItemStart
   {
     // The lengths, the page table and the first tiles' slots (begin_item) come from the host's copies, which came
     // before the previous kernel; q and the newest K/V row are that kernel's output: the wait sits between the two.
-    pdl_wait_then_release();
+    if constexpr (kPersistent) {
+      pdl_wait();  // the persistent kernel lets the next kernel launch only as its programs leave
+    } else {
+      pdl_wait_then_release();
+    }
     // Q^T as the B operand of QK chunk c (head g): q_frag[2c] = dims 32t + 4c + {0, 1}, q_frag[2c + 1] = + {2, 3}.
     // Heads past the group are zero columns: their scores are 0 and their outputs are never read.
     const QT* q_row = static_cast<const QT*>(a.q) + b * a.stride_qb + (kv_head * a.group + g) * a.stride_qh + 32 * t;
@@ -436,7 +440,7 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
   const int b = a.heads_first ? blockIdx.y : blockIdx.x;
   const int kv_head = a.heads_first ? blockIdx.x : blockIdx.y;
   const ItemStart<kStages> it = begin_item<kStages, kDecodeWarps>(a, b, kv_head, blockIdx.z);
-  run_item<QT, kE5M2, kDirect, kStages, kDecodeWarps>(a, it, [] {}, nullptr, 0);
+  run_item<QT, kE5M2, kDirect, kStages, kDecodeWarps, false>(a, it, [] {}, nullptr, 0);
 }
 
 // Persistent (a.work): one wave of programs, each taking items (heads first) from the counter work[0] until none
@@ -460,7 +464,7 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
   if (cur < items) cur_start = begin_item<kStages, kDecodeWarps>(a, cur / heads % a.batch, cur % heads, cur / heads / a.batch);
   while (cur < items) {
     const int after = threadIdx.x == 0 ? atomicAdd(a.work, 1) : 0;
-    run_item<QT, kE5M2, kDirect, kStages, kDecodeWarps>(
+    run_item<QT, kE5M2, kDirect, kStages, kDecodeWarps, true>(
         a, cur_start,
         [&] {
           if (nxt < items) {
@@ -472,6 +476,7 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
     cur_start = nxt_start;
     nxt = fetched[0];  // stored before run_item's last barrier; stored again only after the next one's first
   }
+  pdl_release();
   if (threadIdx.x == 0) {
     __threadfence();  // this program's last count of work[0] before its count of work[1]
     if (atomicAdd(a.work + 1, 1) == static_cast<int>(gridDim.x) - 1) {
