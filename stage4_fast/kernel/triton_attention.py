@@ -343,11 +343,6 @@ DECODE_FP8_KERNEL = "cuda"
 DECODE_FP8_CUDA_STAGES = 2
 # The CUDA fp8 kernel's grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False).
 DECODE_FP8_CUDA_HEADS_FIRST = True
-# The CUDA fp8 kernel as one wave of persistent programs that take (sequence, KV head, split) items from a counter
-# and read the next item's lengths, page-table row and first slots while the current item's first rows are on their
-# way (csrc/decode_fp8.cu, decode_fp8_persistent_kernel), instead of one program per item whose start waits on
-# those reads in turn.
-DECODE_FP8_CUDA_PERSISTENT = True
 # Warps per program of the CUDA fp8 kernel: 4, or 8 when a launch has fewer programs (batch x KV heads x splits)
 # than this many per SM. An SM holds 16 warps either way; with few programs, 4-warp ones leave it short of warps
 # (and of KV in flight), where 8-warp ones read each sequence with twice the warps. On the H200, decode steps at
@@ -367,22 +362,6 @@ def _num_sms(device: torch.device) -> int:
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-_persistent_counters: dict[int, torch.Tensor] = {}
-
-
-def persistent_counter(device: torch.device) -> torch.Tensor | None:
-    """The persistent fp8 decode kernel's item counter on ``device`` (int32 [2], zero between launches: its last
-    program zeroes it), or None where it is off or cannot be made now (a first decode inside a graph capture takes
-    the one-program-per-item kernel). Decodes on one device run one at a time on the engine's stream."""
-    if not DECODE_FP8_CUDA_PERSISTENT or device.type != "cuda":
-        return None
-    index = _device_index(device)
-    counter = _persistent_counters.get(index)
-    if counter is None and not torch.cuda.is_current_stream_capturing():
-        counter = _persistent_counters[index] = torch.zeros(2, dtype=torch.int32, device=device)
-    return counter
 
 
 def cuda_fp8_decode_warps(programs: int, num_sms: int) -> int:
@@ -476,8 +455,7 @@ def decode_attention(
                         sm_scale * k_scale * LOG2E, v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
                         DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first,
                         cuda_warps or cuda_fp8_decode_warps(batch * num_kv_heads * num_splits,
-                                                            _num_sms(q.device)), pdl,
-                        persistent_counter(q.device))
+                                                            _num_sms(q.device)), pdl)
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,

@@ -106,7 +106,7 @@ void indexing(torch::Tensor weights, torch::Tensor indices, torch::Tensor output
 void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
                 torch::Tensor table_idx, torch::Tensor seq_lens, torch::Tensor mid_o, torch::Tensor mid_lse,
                 torch::Tensor out, double scale_log2, double v_scale, int64_t num_splits, int64_t stages,
-                bool heads_first, int64_t warps, bool pdl, std::optional<torch::Tensor> work) {
+                bool heads_first, int64_t warps, bool pdl) {
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(1);
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(2) == 1, "q must be [B, Hq, D] with contiguous rows");
@@ -172,13 +172,6 @@ void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, t
   args.heads_first = heads_first ? 1 : 0;
   args.warps = static_cast<int>(warps);
   args.pdl = pdl ? 1 : 0;
-  if (work.has_value()) {
-    TORCH_CHECK(work->is_cuda() && work->scalar_type() == at::kInt && work->numel() >= 2 && work->is_contiguous(),
-                "work must be a zeroed int32 [2] CUDA tensor");
-    args.work = work->data_ptr<int32_t>();
-  }
-  args.batch = static_cast<int>(batch);
-  args.num_kv_heads = static_cast<int>(num_kv_heads);
   const int err = stage4_decode_fp8(args, q.scalar_type() == at::kHalf ? 1 : 2,
                                     kv_type == at::ScalarType::Float8_e5m2 ? 1 : 0, static_cast<int>(batch),
                                     static_cast<int>(num_kv_heads), direct ? 1 : 0,

@@ -40,17 +40,4 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 #endif
 }
 
-// The two halves of pdl_wait_then_release, for a kernel that lets the next one launch later than its own wait.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 }  // namespace stage4

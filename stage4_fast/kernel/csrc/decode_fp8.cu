@@ -264,52 +264,27 @@ __device__ __forceinline__ void attend_tile(uint32_t stage, const StageOffsets& 
     }
 }
 
-// Where one (sequence, KV head, split) item starts: its keys [start, end), its page-table row and the slots of this
-// lane's first tiles, all read from the host's copies (nothing the kernel before this one writes).
-template <int kStages>
-struct ItemStart {
-  int b, kv_head, split, start, end;
-  const int32_t* table;
-  int4 first[kStages - 1];
-};
-
-template <int kStages, int kDecodeWarps>
-__device__ __forceinline__ ItemStart<kStages> begin_item(const DecodeFp8Args& a, int b, int kv_head, int split) {
-  constexpr int kRoundKeys = kTileKeys * kDecodeWarps;  // the keys one round of all warps covers
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  ItemStart<kStages> it;
-  it.b = b;
-  it.kv_head = kv_head;
-  it.split = split;
-  const int seq_len = a.seq_lens[b];
-  const int per_split = (seq_len + a.num_splits - 1) / a.num_splits;
-  const int chunk = (per_split + kRoundKeys - 1) / kRoundKeys * kRoundKeys;
-  it.start = split * chunk;
-  it.end = min(it.start + chunk, seq_len);
-  it.table = a.page_table + static_cast<int64_t>(a.table_idx[b]) * a.stride_pt;
-  const int tile = it.start + warp * kTileKeys;
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (tile + i * kRoundKeys < it.end) it.first[i] = load_slots(it.table, tile + i * kRoundKeys, it.end, lane);
-  }
-  return it;
-}
-
-// One item: its keys' scores and the weighted V rows of the KV head's query heads. `started` runs once this item's
-// first copies are on their way (the persistent kernel reads the next item's start there); thread 0 stores
-// `publish` to `*publish_to` before the merge's last barrier, so that every thread may read it after this returns.
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps, bool kPersistent, typename Started>
-__device__ __forceinline__ void run_item(const DecodeFp8Args& a, const ItemStart<kStages>& it, Started&& started,
-                                         int* publish_to, int publish) {
+template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
+__global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
+    decode_fp8_kernel(const DecodeFp8Args a) {
   constexpr int kDecodeThreads = kDecodeWarps * kWarpSize;
   constexpr int kRoundKeys = kTileKeys * kDecodeWarps;  // the keys one round of all warps covers
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2;  // the mma's row group: key labels g and 8 + g, query head g, V dims 16g ..
   const int t = lane & 3;   // the thread in the group: K dims 32t .., query heads 2t and 2t + 1, V positions 4t ..
-  const int b = it.b, kv_head = it.kv_head, split = it.split, start = it.start, end = it.end;
-  const int32_t* table = it.table;
+  // heads first: the programs of one sequence's KV heads start together and read the same token rows (128 bytes
+  // each of a row's 1 KB) at about the same time
+  const int b = a.heads_first ? blockIdx.y : blockIdx.x;
+  const int kv_head = a.heads_first ? blockIdx.x : blockIdx.y;
+  const int split = blockIdx.z;
+
+  const int seq_len = a.seq_lens[b];
+  const int per_split = (seq_len + a.num_splits - 1) / a.num_splits;
+  const int chunk = (per_split + kRoundKeys - 1) / kRoundKeys * kRoundKeys;
+  const int start = split * chunk;
+  const int end = min(start + chunk, seq_len);
+  const int32_t* table = a.page_table + static_cast<int64_t>(a.table_idx[b]) * a.stride_pt;
 
   const uint8_t* k_base = a.k_cache + kv_head * a.stride_kh + 16 * (lane & 7);  // this lane's chunk of each row
   const uint8_t* v_base = a.v_cache + kv_head * a.stride_vh + 16 * (lane & 7);
@@ -330,13 +305,14 @@ __device__ __forceinline__ void run_item(const DecodeFp8Args& a, const ItemStart
   int next_copy = tile;  // the next tile whose rows to copy
   uint32_t q_frag[16];
   {
-    // The lengths, the page table and the first tiles' slots (begin_item) come from the host's copies, which came
-    // before the previous kernel; q and the newest K/V row are that kernel's output: the wait sits between the two.
-    if constexpr (kPersistent) {
-      pdl_wait();  // the persistent kernel lets the next kernel launch only as its programs leave
-    } else {
-      pdl_wait_then_release();
+    // The lengths, the page table and the first tiles' slots come from the host's copies, which came before the
+    // previous kernel; q and the newest K/V row are that kernel's output: the wait sits between the two.
+    int4 first[kStages - 1];
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (next_copy + i * kRoundKeys < end) first[i] = load_slots(table, next_copy + i * kRoundKeys, end, lane);
     }
+    pdl_wait_then_release();
     // Q^T as the B operand of QK chunk c (head g): q_frag[2c] = dims 32t + 4c + {0, 1}, q_frag[2c + 1] = + {2, 3}.
     // Heads past the group are zero columns: their scores are 0 and their outputs are never read.
     const QT* q_row = static_cast<const QT*>(a.q) + b * a.stride_qb + (kv_head * a.group + g) * a.stride_qh + 32 * t;
@@ -347,13 +323,12 @@ __device__ __forceinline__ void run_item(const DecodeFp8Args& a, const ItemStart
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
       if (next_copy < end) {
-        copy_rows_async(it.first[i], warp_stages + i * kStageBytes, offsets, k_base, v_base, stride_kt, stride_vt);
+        copy_rows_async(first[i], warp_stages + i * kStageBytes, offsets, k_base, v_base, stride_kt, stride_vt);
       }
       commit_copies();
       next_copy += kRoundKeys;
     }
   }
-  started();
   int4 ahead[2];  // the slots of tiles next_copy and next_copy + one round
   if (next_copy < end) ahead[0] = load_slots(table, next_copy, end, lane);
   if (next_copy + kRoundKeys < end) ahead[1] = load_slots(table, next_copy + kRoundKeys, end, lane);
@@ -400,7 +375,6 @@ __device__ __forceinline__ void run_item(const DecodeFp8Args& a, const ItemStart
       }
     }
   }
-  if (publish_to != nullptr && threadIdx.x == 0) *publish_to = publish;
   __syncthreads();
   for (int idx = threadIdx.x; idx < a.group * kDecodeHeadDim; idx += kDecodeThreads) {
     const int h = idx / kDecodeHeadDim;
@@ -432,81 +406,13 @@ __device__ __forceinline__ void run_item(const DecodeFp8Args& a, const ItemStart
   }
 }
 
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
-__global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
-    decode_fp8_kernel(const DecodeFp8Args a) {
-  // heads first: the programs of one sequence's KV heads start together and read the same token rows (128 bytes
-  // each of a row's 1 KB) at about the same time
-  const int b = a.heads_first ? blockIdx.y : blockIdx.x;
-  const int kv_head = a.heads_first ? blockIdx.x : blockIdx.y;
-  const ItemStart<kStages> it = begin_item<kStages, kDecodeWarps>(a, b, kv_head, blockIdx.z);
-  run_item<QT, kE5M2, kDirect, kStages, kDecodeWarps, false>(a, it, [] {}, nullptr, 0);
-}
-
-// Persistent (a.work): one wave of programs, each taking items (heads first) from the counter work[0] until none
-// are left. A program learns its next item one item ahead and reads that item's start (lengths, page-table row,
-// first slots) while the current one's first rows are on their way, so that only an item's first copies wait on
-// DRAM after the previous item ends; the item after that is counted out meanwhile. The last program out zeroes
-// work[0] and work[1] for the next launch (one decode at a time may use a counter).
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
-__global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
-    decode_fp8_persistent_kernel(const DecodeFp8Args a) {
-  __shared__ int fetched[2];
-  const int heads = a.num_kv_heads, items = a.batch * heads * a.num_splits;
-  if (threadIdx.x == 0) {
-    fetched[0] = atomicAdd(a.work, 1);
-    fetched[1] = atomicAdd(a.work, 1);
-  }
-  __syncthreads();
-  int cur = fetched[0], nxt = fetched[1];
-  __syncthreads();
-  ItemStart<kStages> cur_start, nxt_start;
-  if (cur < items) cur_start = begin_item<kStages, kDecodeWarps>(a, cur / heads % a.batch, cur % heads, cur / heads / a.batch);
-  while (cur < items) {
-    const int after = threadIdx.x == 0 ? atomicAdd(a.work, 1) : 0;
-    run_item<QT, kE5M2, kDirect, kStages, kDecodeWarps, true>(
-        a, cur_start,
-        [&] {
-          if (nxt < items) {
-            nxt_start = begin_item<kStages, kDecodeWarps>(a, nxt / heads % a.batch, nxt % heads, nxt / heads / a.batch);
-          }
-        },
-        &fetched[0], after);
-    cur = nxt;
-    cur_start = nxt_start;
-    nxt = fetched[0];  // stored before run_item's last barrier; stored again only after the next one's first
-  }
-  pdl_release();
-  if (threadIdx.x == 0) {
-    __threadfence();  // this program's last count of work[0] before its count of work[1]
-    if (atomicAdd(a.work + 1, 1) == static_cast<int>(gridDim.x) - 1) {
-      a.work[0] = 0;
-      a.work[1] = 0;
-    }
-  }
-}
-
 template <typename QT, bool kE5M2, bool kDirect, int kStages, int kWarps>
 void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
   constexpr int smem_bytes = kStages * kWarps * kStageBytes;
-  auto* kernel = a.work != nullptr ? decode_fp8_persistent_kernel<QT, kE5M2, kDirect, kStages, kWarps>
-                                   : decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>;
-  static const cudaError_t configured[2] = {  // above the 48 KB a launch gets unasked
-      cudaFuncSetAttribute(decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-      cudaFuncSetAttribute(decode_fp8_persistent_kernel<QT, kE5M2, kDirect, kStages, kWarps>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes)};
+  static const cudaError_t configured = cudaFuncSetAttribute(  // above the 48 KB a launch gets unasked
+      decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      smem_bytes);
   (void)configured;
-  if (a.work != nullptr) {  // one wave: as many programs as the SMs hold at once
-    static const int programs = [&] {
-      int per_sm = 0, device = 0, sms = 0;
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * kWarpSize, smem_bytes);
-      cudaGetDevice(&device);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      return per_sm * sms;
-    }();
-    grid = dim3(programs);
-  }
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
@@ -517,7 +423,7 @@ void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = a.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&config, kernel, a);
+  cudaLaunchKernelEx(&config, decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, a);
 }
 
 template <typename QT, bool kE5M2, bool kDirect, int kStages>

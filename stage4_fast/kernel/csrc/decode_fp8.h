@@ -27,11 +27,6 @@ struct DecodeFp8Args {
   int heads_first;  // grid order: a sequence's KV heads side by side (1) or one KV head's sequences (0)
   int warps;        // warps per program: 4 or 8
   int pdl;          // launch with programmatic dependent launch (sm_90+; kernel/pdl.py)
-  // Persistent launch (work != nullptr, int32 [2], zero): one wave of programs takes the (sequence, KV head,
-  // split) items from work[0]; the last program out zeroes work[0..1] again.
-  int* work;
-  int batch;
-  int num_kv_heads;
 };
 
 }  // namespace stage4
