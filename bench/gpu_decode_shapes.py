@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a module constant first (e.g. stage4_fast.kernel.triton_attention."
-                         "DECODE_FP8_CUDA_PERSISTENT=False), for A/B runs")
+                         "DECODE_FP8_CUDA_STAGES=3), for A/B runs")
     given = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(given)
     meta.apply_sets(args.set)
