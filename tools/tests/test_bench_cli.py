@@ -21,7 +21,8 @@ def test_unknown_command_is_refused_by_name(capsys):
 
 
 def test_every_command_answers_help():
-    for command in ("run", "serve", "worker", "breakdown", "tp", "tp-logits"):  # decode-sweep needs triton's GPU side
+    # decode-sweep needs triton's GPU side
+    for command in ("run", "serve", "worker", "breakdown", "decode-shapes", "tp", "tp-logits"):
         proc = subprocess.run([sys.executable, "-m", "bench", command, "--help"], cwd=REPO, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0 and f"python -m bench {command}" in proc.stdout.replace("[run]", "run"), \
@@ -81,3 +82,12 @@ def test_a_written_up_results_file_is_never_overwritten(tmp_path, monkeypatch):
     else:
         raise AssertionError("no refusal")
     assert (tmp_path / "h200.md").read_text() == "# One H200: what was measured, and how\n"
+
+
+def test_decode_shapes_fits_a_launch_as_a_fixed_part_and_a_rate():
+    """`python -m bench decode-shapes` splits a launch's time into what it costs whatever its length (a) and per KV
+    token (b): a line through exact points gives them back."""
+    from bench.gpu_decode_shapes import line
+
+    a, b = line([190 * 64, 380 * 64, 760 * 64, 1520 * 64], [3.5 + 0.45e-3 * t * 64 for t in (190, 380, 760, 1520)])
+    assert abs(a - 3.5) < 1e-9 and abs(b - 0.45e-3) < 1e-12
