@@ -17,7 +17,10 @@ of the layer's weights, and writes the attention's output) -> o GEMM -> add-RMSN
 * ``both``: the prefetch is issued before that wait, so it overlaps the previous kernel too;
 * ``triton-TILES[-pdl[-own]]``: the four GEMMs as a Triton GEMM with the tiles ``TILES`` of ``TRITON_TILES``, which
   cuBLAS's kernels cannot be: launched with PDL too (``-pdl``, so that every boundary of the layer overlaps), and
-  asking the L2 for their own weights before their wait (``-own``: the weights depend on no earlier kernel).
+  asking the L2 for their own weights before their wait (``-own``: the weights depend on no earlier kernel);
+* ``cutlass-CONFIG[-pdl]`` (asked for by name only: they build a CUDA extension first): the four GEMMs as a CUTLASS
+  sm90 GEMM built to wait for the kernel before it (``bench/csrc/cutlass_gemm.cu``; CUTLASS's headers from the
+  flashinfer-python wheel), so that with ``-pdl`` every boundary, into the GEMMs too, is a programmatic one.
 
 Each variant's output is checked bit for bit against the one with the same GEMMs and neither prefetch nor PDL. On the
 H200 none beat ``plain`` by more than ``pdl``'s 2 us per layer at 224 rows (bench/results/h200-layer-chain-triton.md).
@@ -26,6 +29,7 @@ H200 none beat ``plain`` by more than ``pdl``'s 2 us per layer at 224 rows (benc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -168,6 +172,44 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, tile: tuple, prefetch_own: b
     return y
 
 
+CUTLASS_SOURCES = [Path(__file__).resolve().parent / "csrc" / name
+                   for name in ("cutlass_gemm_binding.cpp", "cutlass_gemm.cu")]
+CUTLASS_CONFIGS = ("64x64-basic", "64x128-pingpong", "128x128-cooperative")
+CUTLASS_WORKSPACE_BYTES = 1 << 20
+
+
+@functools.cache
+def load_cutlass():
+    """The CUTLASS GEMM extension, built for sm_90a with the headers flashinfer-python's wheel carries."""
+    import importlib.util
+    import os
+
+    from torch.utils.cpp_extension import load
+
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or spec.origin is None:
+        raise SystemExit("the cutlass-* variants need flashinfer-python: its wheel carries CUTLASS's headers")
+    include = Path(spec.origin).parent / "data" / "cutlass" / "include"
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # wgmma and TMA: the sm_90a target, not plain sm_90
+    try:
+        return load(name="bench_cutlass_gemm", sources=[str(path) for path in CUTLASS_SOURCES],
+                    extra_include_paths=[str(include)], extra_cflags=["-O3", "-std=c++17"],
+                    extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                                       "-DCUTLASS_ENABLE_GDC_FOR_SM90"], verbose=False)
+    finally:
+        if arch is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST")
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+
+
+def cutlass_linear(x: torch.Tensor, w: torch.Tensor, config: str, pdl: bool, workspace: torch.Tensor) -> torch.Tensor:
+    y = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+    load_cutlass().cutlass_linear(x, w, y, workspace, config, pdl)
+    return y
+
+
 class Chain:
     """28 layers' weights and the activations of one decode batch of ``rows``."""
 
@@ -190,10 +232,14 @@ class Chain:
         self.attn = torch.empty(rows, ATTN_OUT, device=dev, dtype=dtype)
         self.act = torch.empty(rows, INTER, device=dev, dtype=dtype)
         self.qkv_stand_in = rand(rows, QKV)
-        self.tiles: dict | None = None  # None: cuBLAS; else the Triton GEMM's tile per projection
+        self.tiles: dict | None = None  # None: cuBLAS (or CUTLASS); else the Triton GEMM's tile per projection
+        self.cutlass: str | None = None  # a CUTLASS_CONFIGS name: that GEMM instead of cuBLAS's
+        self.cutlass_workspace = torch.empty(CUTLASS_WORKSPACE_BYTES, device=dev, dtype=torch.uint8)
         self.gemm_prefetch = False
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, name: str, pdl: bool) -> torch.Tensor:
+        if self.cutlass is not None:
+            return cutlass_linear(x, w, self.cutlass, pdl, self.cutlass_workspace)
         if self.tiles is None:
             return F.linear(x, w)
         return triton_linear(x, w, self.tiles[name], self.gemm_prefetch, pdl)
@@ -248,10 +294,17 @@ for _tiles in TRITON_TILES:
     VARIANTS[f"triton-{_tiles}-pdl-own"] = (_tiles, True, False, True)
 
 
+for _config in CUTLASS_CONFIGS:
+    VARIANTS[f"cutlass-{_config}"] = (f"cutlass:{_config}", False, False, False)
+    VARIANTS[f"cutlass-{_config}-pdl"] = (f"cutlass:{_config}", False, False, True)
+DEFAULT_VARIANTS = [name for name in VARIANTS if not name.startswith("cutlass")]
+
+
 def set_variant(chain: Chain, name: str) -> tuple[bool, bool]:
     """Configures ``chain``'s GEMMs for variant ``name``; returns its (prefetch, pdl) step arguments."""
     tiles, own, prefetch, pdl = VARIANTS[name]
-    chain.tiles = None if tiles is None else TRITON_TILES[tiles][chain.rows]
+    chain.cutlass = tiles.split(":", 1)[1] if tiles is not None and tiles.startswith("cutlass:") else None
+    chain.tiles = None if tiles is None or chain.cutlass is not None else TRITON_TILES[tiles][chain.rows]
     chain.gemm_prefetch = own
     return prefetch, pdl
 
@@ -259,7 +312,9 @@ def set_variant(chain: Chain, name: str) -> tuple[bool, bool]:
 def reference_of(name: str) -> str:
     """The variant with the same GEMMs and neither prefetch nor PDL: the same arithmetic."""
     tiles = VARIANTS[name][0]
-    return "plain" if tiles is None else f"triton-{tiles}"
+    if tiles is None:
+        return "plain"
+    return f"cutlass-{tiles.split(':', 1)[1]}" if tiles.startswith("cutlass:") else f"triton-{tiles}"
 
 
 def same_result(chain: Chain, names: list[str]) -> Dict[str, bool]:
@@ -278,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 128, 224])
     ap.add_argument("--rounds", type=int, default=3, help="each variant timed this many times, interleaved")
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
+                    help="default: all but the cutlass-* ones")
     ap.add_argument("--json", type=Path, default=None)
     given = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(given)
