@@ -91,3 +91,21 @@ def test_decode_shapes_fits_a_launch_as_a_fixed_part_and_a_rate():
 
     a, b = line([190 * 64, 380 * 64, 760 * 64, 1520 * 64], [3.5 + 0.45e-3 * t * 64 for t in (190, 380, 760, 1520)])
     assert abs(a - 3.5) < 1e-9 and abs(b - 0.45e-3) < 1e-12
+
+
+def test_layer_chain_cutlass_variants_are_asked_for_by_name_and_checked_against_their_own_gemm():
+    """The cutlass-* variants of `python -m bench layer-chain` build an extension first, so a plain run leaves them
+    out; each one's output is compared with the same CUTLASS GEMM's without dependent launch, not with cuBLAS's."""
+    from types import SimpleNamespace
+
+    from bench import gpu_layer_chain as chain
+
+    assert not any(name.startswith("cutlass") for name in chain.DEFAULT_VARIANTS)
+    assert "plain" in chain.DEFAULT_VARIANTS and "triton-narrow-pdl" in chain.DEFAULT_VARIANTS
+    assert chain.reference_of("cutlass-64x64-basic-pdl") == "cutlass-64x64-basic"
+    assert chain.reference_of("triton-narrow-pdl") == "triton-narrow" and chain.reference_of("pdl") == "plain"
+    fake = SimpleNamespace(rows=64, tiles=None, cutlass=None, gemm_prefetch=False)
+    assert chain.set_variant(fake, "cutlass-128x128-cooperative-pdl") == (False, True)
+    assert fake.cutlass == "128x128-cooperative" and fake.tiles is None
+    chain.set_variant(fake, "triton-narrow")
+    assert fake.cutlass is None and fake.tiles == chain.TRITON_TILES["narrow"][64]
