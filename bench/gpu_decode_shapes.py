@@ -12,8 +12,8 @@ graph as in a step (each on its own layer's pool, so that nothing stays in the L
   workload's spread at decode step ~200) in random order, and those lengths longest first; for fp8 also the CUDA
   kernel with 3 and 4 shared-memory stages, with 8-warp programs, and with 2 and 3 splits forced.
 
-A request's slots are one contiguous run (the engine's page-size-1 layout at a large batch reads as fast:
-``bench/gpu_notes.md``, section 18).
+A request's slots are one contiguous run (the engine's page-size-1 layout, decode tokens interleaved, read as fast
+in the sweeps of ``bench/gpu_notes.md``, sections 9 and 18).
 """
 
 from __future__ import annotations
