@@ -36,6 +36,8 @@ struct Config {
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, Align, ElementB, LayoutB, Align, float,
       TileShape, ClusterShape,
+      // kStages 0: as many stages as shared memory holds beside the epilogue; else that many (the unused branch
+      // still names a type, hence StageCount<2> there rather than the invalid StageCount<0>)
       std::conditional_t<kStages == 0,
                          cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
                              sizeof(typename CollectiveEpilogue::SharedStorage))>,
