@@ -86,6 +86,7 @@ class Engine:
             with torch.device("meta"), torch_dtype(config.dtype):
                 self.model = create_model(model_config)
             self.model.load_state_dict(self._load_weights(model_path))
+            self.model.after_load()
 
             # hybrid models: per-request linear-attention state, one slot per request slot + the dummy's;
             # made before the KV pool so that the pool is sized from the memory left after it

@@ -1,6 +1,11 @@
 """Fused element-wise kernels for 16-bit GPU forwards: residual add + RMSNorm, per-head q/k RMSNorm + RoPE, and
 SiLU-and-mul, each one kernel where the PyTorch formulation launches 4 to 10.
 
+The last two also take a layer's deferred RMSNorm (``row_scale``, see models/decoder.py): their input is a
+projection of the residual stream h whose norm weight is folded into the projection's weight, so each row is first
+multiplied by h's rsqrt(mean(h^2) + eps), in fp32 and rounded to the dtype (``layers.norm.scale_by_rms_of``). That
+is the norm kernel's work without the norm kernel.
+
 A decode step at batch 256 on the Qwen3-0.6B shape is ~1,300 tiny kernels, most of them these element-wise pieces,
 and inside a CUDA graph each still costs a few microseconds: together as much device time as the attention itself.
 
@@ -67,16 +72,19 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 
 
 @triton.jit
-def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, OutLoc,
-                         stride_t, stride_cs, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, stride_cache_t, eps,
-                         k_scale, v_scale,
+def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, OutLoc, Hid,
+                         stride_t, stride_cs, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, stride_cache_t,
+                         stride_hid, hidden, eps, hid_eps, k_scale, v_scale,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
                          SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
-                         FP8_MIN_EXP: tl.constexpr, PDL: tl.constexpr):
+                         FP8_MIN_EXP: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr,
+                         PDL: tl.constexpr):
     """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
     rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool
-    (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales."""
+    (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales. ROW_SCALE: q, k and v
+    are first scaled by the RMS norm's factor of the token's row of ``Hid`` (the deferred norm), and the scaled v
+    is written back into QKV for the attention to read."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
@@ -89,6 +97,10 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
     x1 = tl.load(src, mask=mask, other=0.0)
     x2 = tl.load(src + HALF, mask=mask, other=0.0)
     dtype = x1.dtype
+    if ROW_SCALE:
+        row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
+        x1 = (x1.to(tl.float32) * row_scale).to(dtype)
+        x2 = (x2.to(tl.float32) * row_scale).to(dtype)
     if HAS_NORM:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         var = (tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / D
@@ -115,19 +127,33 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
     tl.store(q_dst + HALF, o2, mask=q_mask)
     tl.store(k_dst, o1, mask=k_mask)
     tl.store(k_dst + HALF, o2, mask=k_mask)
-    if STORE_KV:  # this step's K/V into the pool here, instead of a store kernel of their own (one launch less)
-        slot = tl.load(OutLoc + t).to(tl.int64)
-        kc_dst = KCache + slot * stride_cache_t + (h[:, None] - HQ) * D + offs[None, :]
-        cache_dtype = KCache.dtype.element_ty
-        tl.store(kc_dst, _to_pool(o1, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
-        tl.store(kc_dst + HALF, _to_pool(o2, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype),
-                 mask=k_mask)
+    if STORE_KV or ROW_SCALE:
         hv = tl.arange(0, BLOCK_HKV)
         v_offs = hv[:, None] * D + tl.arange(0, D)[None, :]
         v_mask = (hv < HKV)[:, None]
-        v = tl.load(QKV + t * stride_t + (HQ + HKV) * D + v_offs, mask=v_mask, other=0.0)
-        tl.store(VCache + slot * stride_cache_t + v_offs,
-                 _to_pool(v, v_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=v_mask)
+        v_src = QKV + t * stride_t + (HQ + HKV) * D + v_offs
+        v = tl.load(v_src, mask=v_mask, other=0.0)
+        if ROW_SCALE:
+            v = (v.to(tl.float32) * row_scale).to(dtype)
+            tl.store(v_src, v, mask=v_mask)
+        if STORE_KV:  # this step's K/V into the pool here, instead of a store kernel of their own (one launch less)
+            slot = tl.load(OutLoc + t).to(tl.int64)
+            kc_dst = KCache + slot * stride_cache_t + (h[:, None] - HQ) * D + offs[None, :]
+            cache_dtype = KCache.dtype.element_ty
+            tl.store(kc_dst, _to_pool(o1, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype),
+                     mask=k_mask)
+            tl.store(kc_dst + HALF, _to_pool(o2, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype),
+                     mask=k_mask)
+            tl.store(VCache + slot * stride_cache_t + v_offs,
+                     _to_pool(v, v_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=v_mask)
+
+
+@triton.jit
+def _rms_factor(row, n, eps, BLOCK: tl.constexpr):
+    """rsqrt(mean(x^2) + eps) of the n values at ``row``, in fp32: what RMSNorm multiplies that row by."""
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(row + offs, mask=offs < n, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
 
 
 @triton.jit
@@ -166,12 +192,15 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
                  cos_sin_cache: torch.Tensor, positions: torch.Tensor,
                  kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  kv_scales: tuple[float, float] = (1.0, 1.0),
+                 row_scale: tuple[torch.Tensor, float] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """From the fused qkv projection [T, (Hq + 2 Hkv) * D]: q [T, Hq, D] and k [T, Hkv, D], each head
     RMS-normalised with its weight (when given) and rotated (neox halves) by the fp32 cos|sin table
     [max_pos, D] at `positions`. ``kv_store`` = (k_cache, v_cache, out_loc): the pool's slots [num_slots, Hkv, D]
     in qkv's dtype or an fp8 dtype, and each token's slot [T]; the rotated k and the v rows are written there too
-    (into an fp8 pool divided by ``kv_scales`` = (k_scale, v_scale) and quantized)."""
+    (into an fp8 pool divided by ``kv_scales`` = (k_scale, v_scale) and quantized). ``row_scale`` = (hidden,
+    eps): each token's q, k and v are first multiplied by the RMS norm's factor of its row of ``hidden`` [T, N]
+    (the layer's deferred input norm); the scaled v is written back into qkv."""
     assert qkv.dim() == 2 and qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert head_dim % 2 == 0 and (head_dim & (head_dim - 1)) == 0, "head_dim must be a power of two"
     T = qkv.shape[0]
@@ -196,41 +225,55 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
     else:
         k_cache = v_cache = out_loc = q  # unused
         cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0
+    hidden, hidden_eps = row_scale if row_scale is not None else (q, 0.0)  # q: unused
+    if row_scale is not None:
+        assert hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1
     pdl, pdl_options = pdl_launch(qkv.device)
     _qk_norm_rope_kernel[(T,)](
-        qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, qkv.stride(0),
-        cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride, eps,
-        float(kv_scales[0]), float(kv_scales[1]),
+        qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, hidden, qkv.stride(0),
+        cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride,
+        hidden.stride(0), hidden.shape[-1], eps, hidden_eps, float(kv_scales[0]), float(kv_scales[1]),
         HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h,
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm, STORE_KV=kv_store is not None,
         SCALED=tuple(kv_scales) != (1.0, 1.0), FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_MIN_EXP=fp8_min_exp,
+        ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]),
         PDL=pdl, num_warps=4 if block_h * head_dim >= 2048 else 2, **pdl_options,
     )
     return q, k
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, stride_x, stride_o, N, PDL: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Out, Hid, stride_x, stride_o, stride_hid, N, hidden, hid_eps,
+                         ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     g = tl.load(X + t * stride_x + offs, mask=mask, other=0.0)
     u = tl.load(X + t * stride_x + N + offs, mask=mask, other=0.0)
+    if ROW_SCALE:  # the deferred post-attention norm (each program of the row works its factor out again)
+        row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
+        g, u = (g.to(tl.float32) * row_scale).to(g.dtype), (u.to(tl.float32) * row_scale).to(u.dtype)
     gf = g.to(tl.float32)
     s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
     tl.store(Out + t * stride_o + offs, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x: [T, 2N] = [gate | up] -> silu(gate) * up [T, N]."""
+def silu_and_mul(x: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    """x: [T, 2N] = [gate | up] -> silu(gate) * up [T, N]. ``row_scale`` = (hidden, eps): gate and up are first
+    multiplied by the RMS norm's factor of their row of ``hidden`` [T, H] (the layer's deferred norm)."""
     assert x.dim() == 2 and x.stride(-1) == 1 and x.shape[1] % 2 == 0
     T, N = x.shape[0], x.shape[1] // 2
     out = torch.empty(T, N, dtype=x.dtype, device=x.device)
     if T == 0:
         return out
+    hidden, hidden_eps = row_scale if row_scale is not None else (x, 0.0)  # x: unused
+    if row_scale is not None:
+        assert hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1
     block = min(1024, triton.next_power_of_2(N))
     pdl, pdl_options = pdl_launch(x.device)
-    _silu_and_mul_kernel[(T, triton.cdiv(N, block))](x, out, x.stride(0), out.stride(0), N, PDL=pdl, BLOCK=block,
-                                                     num_warps=4, **pdl_options)
+    _silu_and_mul_kernel[(T, triton.cdiv(N, block))](
+        x, out, hidden, x.stride(0), out.stride(0), hidden.stride(0), N, hidden.shape[-1], hidden_eps,
+        ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]), PDL=pdl, BLOCK=block,
+        num_warps=4, **pdl_options)
     return out

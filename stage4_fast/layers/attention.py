@@ -10,7 +10,7 @@ from ..env import ENV
 from ..kernel import fused_kernels_for, is_fp8
 from ..utils import div_even
 from .base import StateLessOP
-from .norm import RMSNorm
+from .norm import RMSNorm, scale_by_rms_of
 from .rotary import get_rope
 
 if TYPE_CHECKING:
@@ -57,23 +57,28 @@ class AttentionLayer(StateLessOP):
         self._q_norm = q_norm  # owned (and loaded) by the parent attention block
         self._k_norm = k_norm
 
-    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+    def forward(self, qkv: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """``row_scale`` = (hidden, eps): qkv projects the unnormalised rows of ``hidden`` (the layer's input norm
+        deferred, models/decoder.py); each token's q, k and v are first scaled by RMSNorm's factor of its row."""
         ctx = get_global_ctx()
         T, Hkv, D = qkv.shape[0], self.num_kv_heads, self.head_dim
         kv_stored = False
         if (fused := fused_kernels_for(qkv)) is not None and qkv.stride(-1) == 1:
             # 16-bit on a GPU: q/k norm and RoPE in one kernel that writes q and k contiguous, and this step's K/V
-            # into the pool (quantized there for an fp8 pool)
+            # into the pool (quantized there for an fp8 pool); with a row scale it scales v in qkv too
             kv_stored = fused_kv_store_applies(ctx.kv_cache.dtype, qkv.dtype)
-            q, k = self._fused_qk(fused, qkv, ctx.batch.positions, ctx.batch.out_loc if kv_stored else None)
+            q, k = self._fused_qk(fused, qkv, ctx.batch.positions, ctx.batch.out_loc if kv_stored else None,
+                                  row_scale)
         else:
+            if row_scale is not None:
+                qkv = scale_by_rms_of(qkv, *row_scale)
             q, k = self._qk(qkv, ctx.batch.positions)
         v = qkv[:, self.qo_attn_dim + self.kv_attn_dim :].view(T, Hkv, D)
         o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch, kv_stored=kv_stored)
         return o.view(T, self.qo_attn_dim)
 
-    def _fused_qk(self, fused, qkv: torch.Tensor, positions: torch.Tensor,
-                  out_loc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fused_qk(self, fused, qkv: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor | None,
+                  row_scale: tuple[torch.Tensor, float] | None) -> tuple[torch.Tensor, torch.Tensor]:
         qn, kn = self._q_norm, self._k_norm
         has_norm = qn is not None and kn is not None
         eps = qn.eps if has_norm else 0.0
@@ -86,7 +91,7 @@ class AttentionLayer(StateLessOP):
             kv_scales = (pool.k_scales[self.layer_id], pool.v_scales[self.layer_id])
         return fused.qk_norm_rope(qkv, self.num_qo_heads, self.num_kv_heads, self.head_dim,
                                   qn.weight if has_norm else None, kn.weight if has_norm else None, eps,
-                                  self.rotary.cos_sin_cache, positions, kv_store, kv_scales)
+                                  self.rotary.cos_sin_cache, positions, kv_store, kv_scales, row_scale)
 
     def _qk(self, qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, Hq, Hkv, D = qkv.shape[0], self.num_qo_heads, self.num_kv_heads, self.head_dim

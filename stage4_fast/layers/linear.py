@@ -101,6 +101,20 @@ class LinearRowParallel(_LinearTPImpl):
         y = self._comm.all_reduce(linear(x, self.weight, None, silu_mul_input))
         return y if self.bias is None else y + self.bias
 
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + this layer's output, written over ``residual`` (returned): the add rides in the GEMM
+        (C = 1 * residual + x W^T), no kernel of its own. Several ranks: rank 0's GEMM adds the residual to its
+        partial sum, the others overwrite theirs, and the sum over ranks is the new residual."""
+        if self.bias is not None:
+            return residual.add_(self.forward(x))
+        if self._tp_size == 1:
+            return residual.addmm_(x, self.weight.t())
+        if get_tp_info().rank == 0:
+            residual.addmm_(x, self.weight.t())
+        else:
+            torch.mm(x, self.weight.t(), out=residual)
+        return self._comm.all_reduce(residual)
+
 
 class LinearOProj(LinearRowParallel):
     """The attention output projection: row-parallel, like down_proj."""

@@ -18,6 +18,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def scale_by_rms_of(x: torch.Tensor, hidden: torch.Tensor, eps: float) -> torch.Tensor:
+    """Each row of x times RMSNorm's factor rsqrt(mean(h^2) + eps) of the same row of ``hidden``, in fp32, rounded
+    to x's dtype: a deferred norm (models/decoder.py) applied to a projection of the unnormalised rows."""
+    hf = hidden.float()
+    return (x.float() * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 class RMSNorm(BaseOP):
     def __init__(self, size: int, eps: float):
         self.eps = eps

@@ -4,6 +4,15 @@ puts one on every layer and cannot load a model with dense layers).
 
 Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj), e.g.
 `model.layers.3.self_attn.qkv_proj.weight`.
+
+Deferred norms (bf16 on a GPU). A layer's two RMSNorms, norm(h) = w * h * r(h) with r(h) = rsqrt(mean(h^2) + eps),
+each feed one projection. Folding w into that projection's weight (W diag(w)) leaves a per-row factor, which passes
+through the projection: norm(h) W^T = r(h) * (h (W diag(w))^T). So the projection can read the residual stream h
+itself, and the kernel after it (q/k norm + RoPE, SiLU-and-mul) multiplies its input rows by r(h), read from h's
+row. With the residual adds done by the o and down projections' GEMMs (beta = 1), a layer is 7 kernels instead
+of 9: no norm kernel at all. The bits differ from HF's op order (w is rounded into the weight, r applied after
+the GEMM instead of before), within the bound stage4_fast/tests/test_gpu.py checks; fp32 and fp16 keep the norms
+(fp16's range is too small for a projection of unnormalised rows).
 """
 
 from __future__ import annotations
@@ -13,7 +22,10 @@ from typing import Tuple
 import torch
 
 from ..core import get_global_ctx
+from ..env import ENV
+from ..kernel import fused_kernels_for
 from ..layers import BaseOP, OPList, ParallelLMHead, RMSNormFused, VocabParallelEmbedding
+from ..layers.activation import silu_and_mul
 from .base import BaseLLMModel
 from .config import ModelConfig
 from .utils import GatedMLP, MoEMLP, RopeAttn
@@ -25,10 +37,13 @@ class DecoderLayer(BaseOP):
         self.mlp = MoEMLP(config) if config.is_sparse_layer(layer_id) else GatedMLP(config)
         self.input_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
+        self.deferred_norms = False  # set by DecoderModel.defer_norms once the norm weights are folded
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor | None]:
         if x.shape[0] == 1 and isinstance(self.mlp, GatedMLP):
             return self._forward_one_token(x, residual)
+        if self.deferred_norms:
+            return self._forward_deferred(x, residual), None
         x, residual = self.input_layernorm.forward(x, residual)
         x = self.self_attn.forward(x)
         x, residual = self.post_attention_layernorm.forward(x, residual)
@@ -43,6 +58,33 @@ class DecoderLayer(BaseOP):
         x = attn.o_proj.forward(attn.attn.forward(qkv))
         gate_up, residual = mlp.gate_up_proj.forward_after_norm(self.post_attention_layernorm, x, residual)
         return mlp.down_proj.forward(gate_up, silu_mul_input=True), residual
+
+    def _forward_deferred(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The same layer with both norms deferred (module docstring): returns the residual stream after it, the
+        sum that ``forward`` leaves split into (output, residual)."""
+        h = x if residual is None else residual.add_(x)
+        attn, mlp = self.self_attn, self.mlp
+        o = attn.attn.forward(attn.qkv_proj.forward(h), row_scale=(h, self.input_layernorm.eps))
+        h = attn.o_proj.forward_add(o, h)
+        act = silu_and_mul(mlp.gate_up_proj.forward(h), row_scale=(h, self.post_attention_layernorm.eps))
+        return mlp.down_proj.forward_add(act, h)
+
+
+def deferred_norms_apply(layers: list) -> bool:
+    """Whether a stack's norms are deferred (module docstring): dense decoder layers without a qkv bias (it would
+    be scaled with the projection), whose bf16 weights the fused kernels take (a GPU), unless
+    MINISGL_DISABLE_DEFERRED_NORMS is set (A/B runs)."""
+    if ENV.DISABLE_DEFERRED_NORMS.value or not layers:
+        return False
+    if not all(isinstance(layer, DecoderLayer) and isinstance(layer.mlp, GatedMLP)
+               and layer.self_attn.qkv_proj.bias is None for layer in layers):
+        return False
+    return runs_deferred_norms(layers[0].self_attn.qkv_proj.weight)
+
+
+def runs_deferred_norms(weight: torch.Tensor) -> bool:
+    """Whether weights of this dtype and device take the deferred norms: bf16 that the fused kernels take."""
+    return weight.dtype == torch.bfloat16 and fused_kernels_for(weight) is not None
 
 
 class DecoderModel(BaseOP):
@@ -62,6 +104,17 @@ class DecoderModel(BaseOP):
             x, residual = layer.forward(x, residual)
         return self.norm.forward(x, residual)[0]  # the final norm folds in the last residual
 
+    def defer_norms(self) -> None:
+        """Fold each layer's two norm weights into the projections that read the norms and set them to one; from
+        then on forwards of more than one token run without norm kernels (module docstring). One-token forwards
+        keep their norms, now of unit weight (the same product, rounded elsewhere)."""
+        for layer in self.layers.op_list:
+            for norm, proj in ((layer.input_layernorm, layer.self_attn.qkv_proj),
+                               (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
+                proj.weight = (proj.weight.float() * norm.weight.float()).to(proj.weight.dtype)
+                norm.weight = torch.ones_like(norm.weight)
+            layer.deferred_norms = True
+
 
 class DecoderForCausalLM(BaseLLMModel):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool = False, has_qk_norm: bool = False):
@@ -78,6 +131,10 @@ class DecoderForCausalLM(BaseLLMModel):
             tie_word_embeddings=tied,
             tied_embedding=self.model.embed_tokens if tied else None,
         )
+
+    def after_load(self) -> None:
+        if deferred_norms_apply(self.model.layers.op_list):
+            self.model.defer_norms()
 
     def forward(self) -> torch.Tensor:
         return self.lm_head.forward(self.model.forward(get_global_ctx().batch.input_ids))

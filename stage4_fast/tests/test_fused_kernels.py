@@ -150,6 +150,57 @@ def test_qk_norm_rope_stores_this_steps_kv_into_an_fp8_pool(dtype, device, cache
     assert (k_cache.view(torch.uint8)[untouched.to(device)] == 0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("store", [False, True])
+def test_qk_norm_rope_with_a_row_scale_is_the_kernel_on_scaled_rows(dtype, device, store):
+    """The deferred input norm: with ``row_scale`` = (hidden, eps) the kernel gives what it gives for qkv whose
+    rows were first multiplied by RMSNorm's factor of hidden's rows (``scale_by_rms_of``), writes the scaled v
+    back into qkv (the attention reads it there) and stores the scaled k and v in the pool."""
+    from stage4_fast.layers.norm import scale_by_rms_of
+
+    gen = torch.Generator().manual_seed(4)
+    T, Hq, Hkv, D, N, slots = 5, 4, 2, 32, 96, 8
+    qkv = (torch.randn(T, (Hq + 2 * Hkv) * D, generator=gen) * 2).to(device, dtype)
+    hidden = (torch.randn(T, N, generator=gen) * torch.tensor([0.1, 1, 10, 100, 3]).view(T, 1)).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(D, generator=gen)).to(device, dtype)
+    rope = RotaryEmbedding(D, D, 4096, 1e6, device=device)
+    positions = torch.tensor([0, 3, 17, 1000, 4095], dtype=torch.int32, device=device)
+    scaled, original = scale_by_rms_of(qkv, hidden, 1e-6), qkv.clone()
+    q_ref, k_ref = triton_fused.qk_norm_rope(scaled, Hq, Hkv, D, w, w, 1e-6, rope.cos_sin_cache, positions)
+    kv_store = None
+    if store:
+        k_cache = torch.zeros(slots, Hkv, D, dtype=dtype, device=device)
+        v_cache = torch.zeros(slots, Hkv, D, dtype=dtype, device=device)
+        kv_store = (k_cache, v_cache, torch.tensor([3, 0, 7, 5, 1], dtype=torch.int32, device=device))
+    q, k = triton_fused.qk_norm_rope(qkv, Hq, Hkv, D, w, w, 1e-6, rope.cos_sin_cache, positions, kv_store,
+                                     row_scale=(hidden, 1e-6))
+    _close(q, q_ref, cancelling=True)
+    _close(k, k_ref, cancelling=True)
+    v = qkv[:, (Hq + Hkv) * D:]
+    _close(v, scaled[:, (Hq + Hkv) * D:])
+    assert torch.equal(qkv[:, : (Hq + Hkv) * D], original[:, : (Hq + Hkv) * D])  # only v is written back
+    if store:
+        rows = kv_store[2].long()
+        assert torch.equal(k_cache[rows], k) and torch.equal(v_cache[rows], v.view(T, Hkv, D))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_with_a_row_scale_is_the_kernel_on_scaled_rows(dtype, device):
+    """The deferred post-attention norm: gate and up scaled by RMSNorm's factor of hidden's rows first, even
+    where a row spans several programs (N > 1024)."""
+    from stage4_fast.layers.norm import scale_by_rms_of
+
+    gen = torch.Generator().manual_seed(5)
+    T, N, H = 3, 1100, 96
+    x = (torch.randn(T, 2 * N, generator=gen) * 3).to(device, dtype)
+    hidden = (torch.randn(T, H, generator=gen) * torch.tensor([0.5, 10, 300]).view(T, 1)).to(device, dtype)
+    scaled = scale_by_rms_of(x, hidden, 1e-5)
+    ref = torch.nn.functional.silu(scaled[:, :N]) * scaled[:, N:]
+    _close(triton_fused.silu_and_mul(x, row_scale=(hidden, 1e-5)), ref)
+
+
 @pytest.mark.skipif("cpu" not in DEVICES, reason="runs the engine on the CPU under Triton's interpreter")
 @pytest.mark.parametrize("page_size,kv_cache_dtype", [(1, "auto"), (4, "auto"), (1, "fp8_e4m3")])
 def test_engine_with_the_kv_stored_by_the_rope_kernel_equals_the_store_kernels(tiny_model, monkeypatch, page_size,
@@ -218,10 +269,10 @@ def compile_qk_norm_rope_for_hopper(cache: str) -> str:
     fp8 = cache != "bf16"
     consts = {"HQ": 16, "HKV": 8, "D": 128, "BLOCK_H": 32, "BLOCK_HKV": 8, "HAS_NORM": True, "STORE_KV": True,
               "SCALED": fp8, "FP8_MAX": 448.0 if fp8 else 0.0, "FP8_MANT": 3 if fp8 else 0,
-              "FP8_MIN_EXP": -6 if fp8 else 0}
+              "FP8_MIN_EXP": -6 if fp8 else 0, "ROW_SCALE": True, "BLOCK_HID": 1024}
     pointers = {"CosSin": "*fp32", "Pos": "*i32", "OutLoc": "*i32", "KCache": f"*{cache}", "VCache": f"*{cache}"}
     signature = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n[0].isupper()
-                 else "fp32" if n in ("eps", "k_scale", "v_scale") else "i32" for n in names}
+                 else "fp32" if n in ("eps", "hid_eps", "k_scale", "v_scale") else "i32" for n in names}
     source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in consts.items()})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 

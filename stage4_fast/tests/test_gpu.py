@@ -437,6 +437,26 @@ def test_bf16_qwen3_shape_teacher_forced_against_hf(backend):
         assert rel < REL_L2_BOUND and agree == 1.0
 
 
+def test_deferred_norms_cost_no_accuracy_on_the_qwen3_shape(monkeypatch):
+    """bf16's default, the norms deferred into the kernels after their projections (models/decoder.py), against
+    the norm kernels they replace, both teacher-forced against HF: the error of the same size (1.5x the replaced
+    path's at most; both measured values printed)."""
+    path = REPO / "models" / "qwen3-0.6b-shape"
+    if not (path / "config.json").exists():
+        pytest.skip("python -m models make qwen3-0.6b-shape --device cuda")
+    from .teacher_forcing import stage_logits
+
+    prompts, forced, ref = _forced_qwen3_shape()
+    rel = {}
+    for off in ("0", "1"):
+        monkeypatch.setenv("MINISGL_DISABLE_DEFERRED_NORMS", off)
+        logits = stage_logits(path, prompts, forced, attention_backend="triton", dtype=torch.bfloat16,
+                              cuda_graph_max_bs=8)
+        rel[off] = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+    print(f"max rel. L2 against HF: deferred norms {rel['0']:.4f}, norm kernels {rel['1']:.4f}")
+    assert rel["0"] < min(REL_L2_BOUND, 1.5 * rel["1"])
+
+
 # ---- one model across machines ----------------------------------------------------------------------------------
 
 # the two "machines" share a host here: without P2P, shared memory and InfiniBand NCCL takes its socket transport

@@ -39,7 +39,7 @@ def test_tp_layers_equal_the_unsharded_computation(ranks):
     head_dim, num_q, num_kv = 4, 4, 2
     q_local, kv_local = num_q // size, max(1, num_kv // size)
     for rank, out in enumerate(results):
-        for name in ("o_proj", "mlp", "embed", "lm_head", "moe"):
+        for name in ("o_proj", "o_proj_add", "mlp", "embed", "lm_head", "moe"):
             torch.testing.assert_close(out[name], ref[name], atol=1e-5, rtol=1e-5, msg=f"{name} rank {rank}")
         q, k, v = out["qkv"].split([q_local * head_dim, kv_local * head_dim, kv_local * head_dim], dim=-1)
         kv_head = rank * num_kv // size  # with more ranks than KV heads, rank r holds head r * kv // tp

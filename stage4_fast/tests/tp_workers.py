@@ -126,6 +126,10 @@ def tp_layers(rank: int, size: int, addr: str) -> Dict[str, torch.Tensor]:
     attn_in = torch.randn(5, num_q * head_dim, generator=torch.Generator().manual_seed(2))
     local = attn_in.chunk(size, dim=1)[rank]
     out["o_proj"] = o_proj.forward(local.contiguous())
+    # the residual add in the GEMM (the deferred norms' layers): added once over the ranks, written over the input
+    residual = torch.randn(5, hidden, generator=torch.Generator().manual_seed(7))
+    out["o_proj_add"] = o_proj.forward_add(local.contiguous(), residual)
+    assert out["o_proj_add"].data_ptr() == residual.data_ptr()
 
     gate_up = LinearColParallelMerged(hidden, [inter, inter], has_bias=False)
     gate_up.load_state_dict({"weight": torch.cat([shard("mlp.gate_proj.weight"), shard("mlp.up_proj.weight")])})
@@ -177,6 +181,8 @@ def reference_layers(out: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         "k": F.linear(x, full["attn.k_proj.weight"], full["attn.k_proj.bias"]),
         "v": F.linear(x, full["attn.v_proj.weight"], full["attn.v_proj.bias"]),
         "o_proj": F.linear(attn_in, full["attn.o_proj.weight"]),
+        "o_proj_add": torch.randn(5, hidden, generator=torch.Generator().manual_seed(7))
+        + F.linear(attn_in, full["attn.o_proj.weight"]),
         "embed": full["model.embed_tokens.weight"][[0, 3, 9, 7, 2]],
         "lm_head": F.linear(x, full["lm_head.weight"]),
     }
