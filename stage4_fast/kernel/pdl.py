@@ -6,7 +6,8 @@ may start while the one before it is still running: its programs wait for that k
 ``griddepcontrol.wait`` (``pdl_wait``) before they read anything it wrote, and meanwhile may read what no earlier
 kernel writes (a GEMV's weights). Right after its wait a kernel lets the next one launch
 (``griddepcontrol.launch_dependents``): the one before has finished by then, so at most two kernels overlap and the
-second only reads constants until its wait.
+second only reads constants until its wait — or what was written before the kernel before it started (the
+deferred norms' hidden rows, ``triton_fused.ROW_SCALE_EARLY``).
 
 A kernel launched without PDL, or one that follows a kernel which never signals (cuBLAS, torch), simply starts when
 the previous kernel ends: the order of the stream is unchanged. ``MINISGL_DISABLE_PDL=1`` switches it off (A/B);

@@ -33,7 +33,6 @@ import triton.language as tl
 from .pdl import pdl_launch, pdl_wait
 from .ref import is_fp8
 
-
 # A row scale's hidden rows (the residual stream after the layer's previous GEMM) are read before the kernel's PDL
 # wait. That is safe where the kernel follows a projection of those rows launched by cuBLAS: such a GEMM starts only
 # once the kernel that wrote the rows has finished (edges into cuBLAS's GEMMs are full ones, kernel/pdl_graph.py),
