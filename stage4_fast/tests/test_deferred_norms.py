@@ -6,6 +6,8 @@ interpreter the fused kernels' row scales are checked against the norms they rep
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -74,7 +76,7 @@ def test_deferred_norms_only_where_they_apply(monkeypatch):
     assert not deferred("tiny-qwen3")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1",
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="the fused kernels need a GPU or Triton's interpreter")
 def test_deferred_norms_in_bf16_with_the_fused_kernels(monkeypatch):
     """The GPU's path under Triton's interpreter (bf16, the fused kernels): no norm kernel inside a layer (one
