@@ -88,9 +88,9 @@ class LinearRowParallel(_LinearTPImpl):
     """Input split across ranks; the partial sums are all-reduced."""
 
     def __init__(self, input_size: int, output_size: int, has_bias: bool):
-        tp = get_tp_info().size
-        super().__init__(input_size, output_size, div_even(input_size, tp), output_size, has_bias)
-        self._tp_size = tp
+        tp = get_tp_info()
+        super().__init__(input_size, output_size, div_even(input_size, tp.size), output_size, has_bias)
+        self._tp_size, self._tp_rank = tp.size, tp.rank
         self._comm = DistributedCommunicator()
 
     def forward(self, x: torch.Tensor, silu_mul_input: bool = False) -> torch.Tensor:
@@ -109,7 +109,7 @@ class LinearRowParallel(_LinearTPImpl):
             return residual.add_(self.forward(x))
         if self._tp_size == 1:
             return residual.addmm_(x, self.weight.t())
-        if get_tp_info().rank == 0:
+        if self._tp_rank == 0:
             residual.addmm_(x, self.weight.t())
         else:
             torch.mm(x, self.weight.t(), out=residual)
