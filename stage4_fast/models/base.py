@@ -11,6 +11,7 @@ class BaseLLMModel(BaseOP):  # BaseOP is already an ABC
     def after_load(self) -> None:
         """Called once the weights are in, before the first forward: a model may rearrange them for its forward
         (the decoder folds norm weights into projections); nothing by default."""
+
     @abstractmethod
     def forward(self) -> torch.Tensor:
         """Reads the current batch from the global context; returns logits [rows, vocab] (one row per request in
