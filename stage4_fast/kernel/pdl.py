@@ -7,7 +7,7 @@ may start while the one before it is still running: its programs wait for that k
 kernel writes (a GEMV's weights). Right after its wait a kernel lets the next one launch
 (``griddepcontrol.launch_dependents``): the one before has finished by then, so at most two kernels overlap and the
 second only reads constants until its wait — or what was written before the kernel before it started (the
-deferred norms' hidden rows, ``triton_fused.ROW_SCALE_EARLY``).
+deferred norms' hidden rows, ``triton_fused``).
 
 A kernel launched without PDL, or one that follows a kernel which never signals (cuBLAS, torch), simply starts when
 the previous kernel ends: the order of the stream is unchanged. ``MINISGL_DISABLE_PDL=1`` switches it off (A/B);

@@ -37,8 +37,8 @@ from .ref import is_fp8
 # wait. That is safe where the kernel follows a projection of those rows launched by cuBLAS: such a GEMM starts only
 # once the kernel that wrote the rows has finished (edges into cuBLAS's GEMMs are full ones, kernel/pdl_graph.py),
 # so no kernel that may still be running writes them. The deferred norms' layers are built that way
-# (models/decoder.py). False: after the wait, as every other read (A/B runs).
-ROW_SCALE_EARLY = True
+# (models/decoder.py); reading them after the wait measured 0.5-1.6 % slower end to end
+# (bench/results/h200-deferred-norms.md).
 
 
 @triton.jit
@@ -86,14 +86,14 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
                          BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
                          SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
                          FP8_MIN_EXP: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr,
-                         EARLY_SCALE: tl.constexpr, PDL: tl.constexpr):
+                         PDL: tl.constexpr):
     """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
     rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool
     (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales. ROW_SCALE: q, k and v
     are first scaled by the RMS norm's factor of the token's row of ``Hid`` (the deferred norm), and the scaled v
     is written back into QKV for the attention to read."""
     t = tl.program_id(0).to(tl.int64)
-    if ROW_SCALE and EARLY_SCALE:  # before the wait: Hid is no output of the kernel before (ROW_SCALE_EARLY)
+    if ROW_SCALE:  # before the wait: Hid is no output of the kernel before (the note above the kernels)
         row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
     pdl_wait(PDL)
     HALF: tl.constexpr = D // 2
@@ -107,8 +107,6 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
     x2 = tl.load(src + HALF, mask=mask, other=0.0)
     dtype = x1.dtype
     if ROW_SCALE:
-        if not EARLY_SCALE:
-            row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
         x1 = (x1.to(tl.float32) * row_scale).to(dtype)
         x2 = (x2.to(tl.float32) * row_scale).to(dtype)
     if HAS_NORM:
@@ -247,19 +245,19 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm, STORE_KV=kv_store is not None,
         SCALED=tuple(kv_scales) != (1.0, 1.0), FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_MIN_EXP=fp8_min_exp,
         ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]),
-        EARLY_SCALE=ROW_SCALE_EARLY, PDL=pdl, num_warps=4 if block_h * head_dim >= 2048 else 2, **pdl_options,
+        PDL=pdl, num_warps=4 if block_h * head_dim >= 2048 else 2, **pdl_options,
     )
     return q, k
 
 
 @triton.jit
 def _silu_and_mul_kernel(X, Out, Hid, stride_x, stride_o, stride_hid, N, hidden, hid_eps,
-                         ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr, EARLY_SCALE: tl.constexpr,
-                         PDL: tl.constexpr, BLOCK: tl.constexpr):
+                         ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr, PDL: tl.constexpr,
+                         BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     # the deferred post-attention norm (each program of the row works its factor out again); before the wait:
-    # Hid is no output of the kernel before (ROW_SCALE_EARLY)
-    if ROW_SCALE and EARLY_SCALE:
+    # Hid is no output of the kernel before (the note above the kernels)
+    if ROW_SCALE:
         row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
     pdl_wait(PDL)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -267,8 +265,6 @@ def _silu_and_mul_kernel(X, Out, Hid, stride_x, stride_o, stride_hid, N, hidden,
     g = tl.load(X + t * stride_x + offs, mask=mask, other=0.0)
     u = tl.load(X + t * stride_x + N + offs, mask=mask, other=0.0)
     if ROW_SCALE:
-        if not EARLY_SCALE:
-            row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
         g, u = (g.to(tl.float32) * row_scale).to(g.dtype), (u.to(tl.float32) * row_scale).to(u.dtype)
     gf = g.to(tl.float32)
     s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
@@ -291,6 +287,6 @@ def silu_and_mul(x: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None =
     _silu_and_mul_kernel[(T, triton.cdiv(N, block))](
         x, out, hidden, x.stride(0), out.stride(0), hidden.stride(0), N, hidden.shape[-1], hidden_eps,
         ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]),
-        EARLY_SCALE=ROW_SCALE_EARLY, PDL=pdl, BLOCK=block,
+        PDL=pdl, BLOCK=block,
         num_warps=4, **pdl_options)
     return out

@@ -269,8 +269,7 @@ def compile_qk_norm_rope_for_hopper(cache: str) -> str:
     fp8 = cache != "bf16"
     consts = {"HQ": 16, "HKV": 8, "D": 128, "BLOCK_H": 32, "BLOCK_HKV": 8, "HAS_NORM": True, "STORE_KV": True,
               "SCALED": fp8, "FP8_MAX": 448.0 if fp8 else 0.0, "FP8_MANT": 3 if fp8 else 0,
-              "FP8_MIN_EXP": -6 if fp8 else 0, "ROW_SCALE": True, "BLOCK_HID": 1024,
-              "EARLY_SCALE": True}
+              "FP8_MIN_EXP": -6 if fp8 else 0, "ROW_SCALE": True, "BLOCK_HID": 1024}
     pointers = {"CosSin": "*fp32", "Pos": "*i32", "OutLoc": "*i32", "KCache": f"*{cache}", "VCache": f"*{cache}"}
     signature = {n: "constexpr" if n in consts else pointers.get(n, "*bf16") if n[0].isupper()
                  else "fp32" if n in ("eps", "hid_eps", "k_scale", "v_scale") else "i32" for n in names}
