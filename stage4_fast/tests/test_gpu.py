@@ -191,6 +191,70 @@ def test_cuda_fp8_decode_kernel_matches_the_reference(kv, group):
             torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("kv", FP8)
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("norms,row_scale", [(True, True), (True, False), (False, False)])
+def test_cuda_fp8_decode_from_qkv_is_the_qk_kernel_then_the_decode(kv, group, norms, row_scale):
+    """The decode kernel's q/k prologue (``decode_attention_qkv``: from the raw qkv projection it normalises and
+    rotates q and this step's key, and stores that key and value into the pool) against the two launches it
+    replaces: the q/k norm + RoPE kernel with its fp8 store, then ``decode_attention``. Both round where PyTorch
+    rounds; only the norms' fp32 sums run in another order. So: the pool's new rows the same bytes but for at most
+    1.5 % one fp8 step apart, no other row written, qkv untouched, the output within 3e-2 (the Triton kernel's bound
+    above: q itself may be a bf16 ulp apart in places) of the two launches' q over the pool it wrote, and within 0.1
+    of theirs over theirs (a new key one fp8 step apart weighs much in a short sequence) — with and
+    without the q/k norms and the deferred input norm, one split and several (the merge), the scales 1 and not."""
+    from stage4_fast.attention.base import QkPrologue
+    from stage4_fast.kernel import triton_attention as ta
+    from stage4_fast.kernel import triton_fused
+    from stage4_fast.layers.rotary import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(group)
+    hkv, d, slots, hidden_size, eps = 4, 128, 8192, 256, 1e-6
+    hq = hkv * group
+    lens = torch.tensor([1, 2, 17, 64, 65, 129, 1000, 2047], dtype=torch.int32)
+    batch = lens.numel()
+    k0 = quantize_kv(torch.randn(slots, hkv, d, generator=gen) * 3, 0.5, FP8[kv])
+    v0 = quantize_kv(torch.randn(slots, hkv, d, generator=gen), 2.0, FP8[kv])
+    pt = torch.stack([torch.randperm(slots, generator=gen)[:2048] for _ in range(batch)]).to(torch.int32).to(CUDA)
+    tidx = torch.randperm(batch, generator=gen).to(torch.int32).to(CUDA)
+    positions = (lens - 1).to(CUDA)
+    out_loc = pt[tidx.long(), positions.long()].contiguous()
+    lens = lens.to(CUDA)
+    qkv = (torch.randn(batch, (hq + 2 * hkv) * d, generator=gen) * 2).to(CUDA, torch.bfloat16)
+    rows_scale = torch.tensor([0.1, 1, 10, 100, 3, 0.5, 2, 30]).view(batch, 1)
+    hidden = (torch.randn(batch, hidden_size, generator=gen) * rows_scale).to(CUDA, torch.bfloat16)
+    qn = (1 + 0.1 * torch.randn(d, generator=gen)).to(CUDA, torch.bfloat16) if norms else None
+    kn = (1 + 0.1 * torch.randn(d, generator=gen)).to(CUDA, torch.bfloat16) if norms else None
+    rope = RotaryEmbedding(d, d, 4096, 1e6, device=CUDA)
+    scale_rows = (hidden, eps) if row_scale else None
+    prologue = QkPrologue(qn, kn, eps, rope.cos_sin_cache, positions, out_loc, scale_rows)
+    if ta.cuda_fp8_decode_module(qkv.view(batch, -1, d)[:, :hq], k0.to(CUDA), pt) is None:
+        pytest.skip("the CUDA fp8 decode kernel needs sm_89+ and the JIT-built extension")
+    e4m3 = FP8[kv] == torch.float8_e4m3fn
+    step, tiny = 2.0 ** -(3 if e4m3 else 2), 2.0 ** -(9 if e4m3 else 16)  # an fp8 step: relative, subnormal
+    for (k_scale, v_scale), splits in itertools.product(((1.0, 1.0), (0.5, 2.0)), (1, 3)):
+        k_ref, v_ref, k_out, v_out = (t.to(CUDA) for t in (k0, v0, k0, v0))
+        q, _ = triton_fused.qk_norm_rope(qkv.clone(), hq, hkv, d, qn, kn, eps, rope.cos_sin_cache, positions,
+                                         (k_ref, v_ref, out_loc), (k_scale, v_scale), scale_rows)
+        ref = ta.decode_attention(q, k_ref, v_ref, pt, tidx, lens, d**-0.5, splits, k_scale=k_scale, v_scale=v_scale)
+        before = qkv.clone()
+        out = ta.decode_attention_qkv(qkv, hq, prologue, k_out, v_out, pt, tidx, lens, d**-0.5, splits,
+                                      k_scale=k_scale, v_scale=v_scale)
+        assert torch.equal(qkv, before)
+        mine_pool = ta.decode_attention(q, k_out, v_out, pt, tidx, lens, d**-0.5, splits, k_scale=k_scale,
+                                        v_scale=v_scale)
+        torch.testing.assert_close(out.float(), mine_pool.float(), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(out.float(), ref.float(), atol=0.1, rtol=0.1)
+        for mine, theirs, old in ((k_out, k_ref, k0), (v_out, v_ref, v0)):
+            written = (mine.view(torch.uint8).cpu() != old.view(torch.uint8)).any(-1).any(-1)
+            assert set(written.nonzero().flatten().tolist()) <= set(out_loc.tolist())
+            apart = mine.view(torch.uint8) != theirs.view(torch.uint8)
+            assert apart.sum().item() <= 0.015 * batch * hkv * d, f"{int(apart.sum())} bytes differ"
+            gap = (mine.float() - theirs.float()).abs()[apart]
+            larger = torch.maximum(mine.float().abs(), theirs.float().abs())[apart]
+            assert (gap <= (step * larger).clamp_min(tiny)).all()
+
+
 def _one_token_chain(weights: list, pool: dict, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """The kernels of a one-token decode step as the engine chains them (GEMVs with the norm and the SiLU folded in,
     the q/k norm + RoPE with the KV store, the split decode attention and its merge, then the final norm, an LM
