@@ -47,9 +47,6 @@ class _Env:
     DISABLE_FUSED_KV_STORE = EnvVar("DISABLE_FUSED_KV_STORE", False, _parse_bool)
     # the decoder's RMSNorms deferred into the kernels after their projections (models/decoder.py), off for A/B runs
     DISABLE_DEFERRED_NORMS = EnvVar("DISABLE_DEFERRED_NORMS", False, _parse_bool)
-    # the q/k norm + RoPE and this step's KV store done by the CUDA fp8 decode kernel from the raw qkv projection
-    # (kernel/triton_attention.decode_attention_qkv) instead of a kernel of their own, off for A/B measurements
-    DISABLE_DECODE_QK_PROLOGUE = EnvVar("DISABLE_DECODE_QK_PROLOGUE", False, _parse_bool)
     # greedy sampling's Triton argmax over 16-bit GPU logits (kernel/triton_argmax.py), off for A/B measurements
     DISABLE_TRITON_ARGMAX = EnvVar("DISABLE_TRITON_ARGMAX", False, _parse_bool)
     # programmatic dependent launch of the Triton kernels on Hopper GPUs (kernel/pdl.py), off for A/B measurements

@@ -17,7 +17,7 @@ import torch
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..utils.device import to_device_packed
-from .base import BaseAttnBackend, BaseAttnMetadata, QkPrologue
+from .base import BaseAttnBackend, BaseAttnMetadata
 from .utils import make_seq_lens, upload
 
 if TYPE_CHECKING:
@@ -112,22 +112,6 @@ class TritonBackend(BaseAttnBackend):
         return self._kernels.prefill_attention(
             q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
             meta.max_seqlen_q, self.scale, **scales,
-        )
-
-    def forward_qkv(self, qkv: torch.Tensor, prologue: QkPrologue, layer_id: int, batch: Batch) -> torch.Tensor | None:
-        """Decode over an fp8 pool on a GPU with the CUDA kernel: it does the q/k norm + RoPE and the KV store
-        itself (``kernel/triton_attention.decode_attention_qkv``), one launch per layer less."""
-        meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
-        k_slots, v_slots = self._k[layer_id], self._v[layer_id]
-        int32 = prologue.positions.dtype == prologue.out_loc.dtype == torch.int32
-        if not (meta.is_decode and self._cuda_fp8 and int32 and self._kernels.decode_qkv_applies(
-                qkv.dtype, k_slots.dtype, self.head_dim, self.num_qo_heads // self.num_kv_heads, self.page_table,
-                prologue.cos_sin_cache)):
-            return None
-        return self._kernels.decode_attention_qkv(
-            qkv, self.num_qo_heads, prologue, k_slots, v_slots, self.page_table, meta.table_idx, meta.seq_lens,
-            self.scale, meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse,
-            k_scale=self.kv_cache.k_scales[layer_id], v_scale=self.kv_cache.v_scales[layer_id],
         )
 
     # ---- CUDA graph hooks (decode only) ----

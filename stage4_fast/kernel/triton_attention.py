@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -34,9 +33,6 @@ from ..env import ENV
 from . import triton_interpreting as _interpreting
 from .jit import load_cuda_kernels
 from .pdl import pdl_launch, pdl_wait
-
-if TYPE_CHECKING:
-    from ..attention.base import QkPrologue
 
 LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2: exp(x) = exp2(x * log2(e))
 LN2: tl.constexpr = tl.constexpr(math.log(2.0))
@@ -443,7 +439,15 @@ def decode_attention(
         launch["maxnreg"] = cap
     pdl, pdl_options = pdl_launch(q.device)
     direct = num_splits == 1
-    mo, ml = _split_scratch(out, num_splits, mid_o, mid_lse)
+    if not direct:
+        if mid_o is None:  # the graphs' layout (see SCRATCH_SPLIT_ALIGN): same strides, same compiled kernel
+            width = triton.cdiv(num_splits, SCRATCH_SPLIT_ALIGN) * SCRATCH_SPLIT_ALIGN
+            mid_o = torch.empty(batch, num_qo_heads, width, head_dim, dtype=torch.float32, device=q.device)
+            mid_lse = torch.empty(batch, num_qo_heads, width, dtype=torch.float32, device=q.device)
+        assert mid_lse is not None
+        mo, ml = mid_o, mid_lse
+    else:
+        mo = ml = out.new_empty(0, dtype=torch.float32)
     mo_strides = (mo.stride(0), mo.stride(1), mo.stride(2)) if not direct else (0, 0, 0)
     ml_strides = (ml.stride(0), ml.stride(1)) if not direct else (0, 0)
     if cuda is not None:
@@ -463,74 +467,10 @@ def decode_attention(
             WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), PDL=pdl, **launch, **pdl_options,
         )
     if not direct:
-        _combine_splits(mo, ml, out, num_splits)
-    return out
-
-
-def _split_scratch(out: torch.Tensor, num_splits: int, mid_o: torch.Tensor | None,
-                   mid_lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split kernel's fp32 partial outputs and log-sum-exps for a decode into ``out`` [B, Hq, D]: the given
-    buffers, new ones in the graphs' layout (see SCRATCH_SPLIT_ALIGN: same strides, same compiled kernel), or
-    empty ones for a single split, which writes ``out`` directly."""
-    if num_splits == 1:
-        empty = out.new_empty(0, dtype=torch.float32)
-        return empty, empty
-    if mid_o is None:
-        batch, num_qo_heads, head_dim = out.shape
-        width = triton.cdiv(num_splits, SCRATCH_SPLIT_ALIGN) * SCRATCH_SPLIT_ALIGN
-        mid_o = torch.empty(batch, num_qo_heads, width, head_dim, dtype=torch.float32, device=out.device)
-        mid_lse = torch.empty(batch, num_qo_heads, width, dtype=torch.float32, device=out.device)
-    assert mid_lse is not None
-    return mid_o, mid_lse
-
-
-def _combine_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> None:
-    """The merge of a multi-split decode's partial outputs into ``out`` [B, Hq, D]."""
-    batch, num_qo_heads, head_dim = out.shape
-    pdl, pdl_options = pdl_launch(out.device)
-    _decode_combine_kernel[(batch, num_qo_heads)](
-        mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim,
-        PDL=pdl, **pdl_options,
-    )
-
-
-def decode_qkv_applies(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int,
-                       page_table: torch.Tensor, cos_sin_cache: torch.Tensor) -> bool:
-    """Whether ``decode_attention_qkv`` takes this decode: the CUDA fp8 kernel applies, the cos|sin table covers
-    the whole head (no partial rotary) and MINISGL_DISABLE_DECODE_QK_PROLOGUE is not set."""
-    return (not ENV.DISABLE_DECODE_QK_PROLOGUE.value and page_table.stride(0) % 4 == 0
-            and cos_sin_cache.shape[-1] == head_dim and cos_sin_cache.dtype == torch.float32
-            and cuda_fp8_decode_applies(q_dtype, kv_dtype, head_dim, group, page_table.device))
-
-
-def decode_attention_qkv(
-    qkv: torch.Tensor, num_qo_heads: int, prologue: QkPrologue, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    page_table: torch.Tensor, table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
-    mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None, k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> torch.Tensor:
-    """``decode_attention`` from a layer's raw qkv projection [B, (Hq + 2 Hkv) * D] (where
-    ``decode_qkv_applies``): the CUDA fp8 kernel normalises and rotates q and this step's key itself and writes that
-    key and value into the pool (quantized with the scales), the q/k norm + RoPE kernel's work without its launch;
-    ``qk_norm_rope`` with its store followed by ``decode_attention`` is the same computation. Returns [B, Hq, D]."""
-    batch, head_dim = qkv.shape[0], k_cache.shape[-1]
-    out = torch.empty(batch, num_qo_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    if batch == 0:
-        return out
-    mo, ml = _split_scratch(out, num_splits, mid_o, mid_lse)
-    hidden, hidden_eps = prologue.row_scale if prologue.row_scale is not None else (None, 0.0)
-    programs = batch * k_cache.shape[1] * num_splits
-    pdl, _ = pdl_launch(qkv.device)
-    load_cuda_kernels().decode_fp8_qkv(
-        qkv, num_qo_heads, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
-        sm_scale * k_scale * LOG2E, v_scale, num_splits, DECODE_FP8_CUDA_HEADS_FIRST,
-        cuda_fp8_decode_warps(programs, _num_sms(qkv.device)), pdl, prologue.q_norm, prologue.k_norm, prologue.eps,
-        hidden, hidden_eps, prologue.cos_sin_cache, prologue.positions, prologue.out_loc, k_scale, v_scale,
-    )
-    if num_splits > 1:
-        _combine_splits(mo, ml, out, num_splits)
+        _decode_combine_kernel[(batch, num_qo_heads)](
+            mo, ml, out, *mo_strides, *ml_strides, out.stride(0), out.stride(1), num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=head_dim, PDL=pdl, **pdl_options,
+        )
     return out
 
 

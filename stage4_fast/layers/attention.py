@@ -4,7 +4,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..attention.base import QkPrologue
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..env import ENV
@@ -68,10 +67,6 @@ class AttentionLayer(StateLessOP):
             # 16-bit on a GPU: q/k norm and RoPE in one kernel that writes q and k contiguous, and this step's K/V
             # into the pool (quantized there for an fp8 pool); with a row scale it scales v in qkv too
             kv_stored = fused_kv_store_applies(ctx.kv_cache.dtype, qkv.dtype)
-            if kv_stored and (o := ctx.attn_backend.forward_qkv(
-                    qkv, self._prologue(ctx.batch.positions, ctx.batch.out_loc, row_scale), self.layer_id,
-                    ctx.batch)) is not None:
-                return o.view(T, self.qo_attn_dim)  # the decode kernel did that kernel's work (fp8 pool, decode)
             q, k = self._fused_qk(fused, qkv, ctx.batch.positions, ctx.batch.out_loc if kv_stored else None,
                                   row_scale)
         else:
@@ -81,14 +76,6 @@ class AttentionLayer(StateLessOP):
         v = qkv[:, self.qo_attn_dim + self.kv_attn_dim :].view(T, Hkv, D)
         o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch, kv_stored=kv_stored)
         return o.view(T, self.qo_attn_dim)
-
-    def _prologue(self, positions: torch.Tensor, out_loc: torch.Tensor,
-                  row_scale: tuple[torch.Tensor, float] | None) -> QkPrologue:
-        qn, kn = self._q_norm, self._k_norm
-        has_norm = qn is not None and kn is not None
-        return QkPrologue(q_norm=qn.weight if has_norm else None, k_norm=kn.weight if has_norm else None,
-                          eps=qn.eps if has_norm else 0.0, cos_sin_cache=self.rotary.cos_sin_cache,
-                          positions=positions, out_loc=out_loc, row_scale=row_scale)
 
     def _fused_qk(self, fused, qkv: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor | None,
                   row_scale: tuple[torch.Tensor, float] | None) -> tuple[torch.Tensor, torch.Tensor]:

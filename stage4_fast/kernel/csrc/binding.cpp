@@ -99,24 +99,24 @@ void indexing(torch::Tensor weights, torch::Tensor indices, torch::Tensor output
   TORCH_CHECK(err == 0, "indexing launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-// The checks and launch both decode entry points share: `args` comes with the queries set (q or the prologue's
-// fields), q_type is their dtype, out [B, Hq, 128] in it.
-static void launch_decode_fp8(stage4::DecodeFp8Args& args, at::ScalarType q_type, int64_t batch,
-                              int64_t num_qo_heads, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor page_table, torch::Tensor table_idx, torch::Tensor seq_lens,
-                              torch::Tensor mid_o, torch::Tensor mid_lse, torch::Tensor out, double scale_log2,
-                              double v_scale, int64_t num_splits, int64_t stages, bool heads_first, int64_t warps,
-                              bool pdl) {
+// Split-K decode attention over an fp8 pool (decode_fp8.cu). q [B, Hq, 128] fp16/bf16; k_cache / v_cache
+// [slots, Hkv, 128] fp8 with contiguous rows; page_table [rows, width] int32 (width a multiple of 4); table_idx /
+// seq_lens [B] int32. One split writes `out`; more write mid_o [B, Hq, S', 128] / mid_lse [B, Hq, S'] (fp32) for the
+// merge kernel. `pdl` launches it with programmatic dependent launch (kernel/pdl.py).
+void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
+                torch::Tensor table_idx, torch::Tensor seq_lens, torch::Tensor mid_o, torch::Tensor mid_lse,
+                torch::Tensor out, double scale_log2, double v_scale, int64_t num_splits, int64_t stages,
+                bool heads_first, int64_t warps, bool pdl) {
+  const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(1);
-  TORCH_CHECK(q_type == at::kHalf || q_type == at::kBFloat16, "q must be float16 or bfloat16");
-  TORCH_CHECK(out.is_cuda() && out.dim() == 3 && out.size(0) == batch && out.size(1) == num_qo_heads &&
-                  out.scalar_type() == q_type && out.stride(2) == 1,
-              "out must be [B, Hq, 128] in q's dtype with contiguous rows");
+  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(2) == 1, "q must be [B, Hq, D] with contiguous rows");
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be float16 or bfloat16");
+  TORCH_CHECK(out.scalar_type() == q.scalar_type() && out.stride(2) == 1, "out must be like q");
   const auto kv_type = k_cache.scalar_type();
   TORCH_CHECK(kv_type == at::ScalarType::Float8_e4m3fn || kv_type == at::ScalarType::Float8_e5m2,
               "decode_fp8 needs a float8_e4m3fn or float8_e5m2 pool");
   TORCH_CHECK(v_cache.scalar_type() == kv_type && k_cache.dim() == 3 && v_cache.dim() == 3, "K/V pools differ");
-  TORCH_CHECK(k_cache.size(2) == 128 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1,
+  TORCH_CHECK(head_dim == 128 && k_cache.size(2) == 128 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1,
               "decode_fp8 handles head_dim 128 with contiguous rows");
   TORCH_CHECK(num_qo_heads % num_kv_heads == 0 && num_qo_heads / num_kv_heads <= 8, "at most 8 query heads per KV head");
   TORCH_CHECK((k_cache.stride(0) | k_cache.stride(1) | v_cache.stride(0) | v_cache.stride(1)) % 16 == 0 &&
@@ -138,12 +138,16 @@ static void launch_decode_fp8(stage4::DecodeFp8Args& args, at::ScalarType q_type
                     mid_lse.size(2) >= num_splits,
                 "split scratch too small");
   }
+  stage4::DecodeFp8Args args{};
+  args.q = q.data_ptr();
   args.k_cache = static_cast<const uint8_t*>(k_cache.data_ptr());
   args.v_cache = static_cast<const uint8_t*>(v_cache.data_ptr());
   args.page_table = page_table.data_ptr<int32_t>();
   args.table_idx = table_idx.data_ptr<int32_t>();
   args.seq_lens = seq_lens.data_ptr<int32_t>();
   args.out = out.data_ptr();
+  args.stride_qb = q.stride(0);
+  args.stride_qh = q.stride(1);
   args.stride_kt = k_cache.stride(0);
   args.stride_kh = k_cache.stride(1);
   args.stride_vt = v_cache.stride(0);
@@ -168,88 +172,11 @@ static void launch_decode_fp8(stage4::DecodeFp8Args& args, at::ScalarType q_type
   args.heads_first = heads_first ? 1 : 0;
   args.warps = static_cast<int>(warps);
   args.pdl = pdl ? 1 : 0;
-  const int err = stage4_decode_fp8(args, q_type == at::kHalf ? 1 : 2, kv_type == at::ScalarType::Float8_e5m2 ? 1 : 0,
-                                    static_cast<int>(batch), static_cast<int>(num_kv_heads), direct ? 1 : 0,
+  const int err = stage4_decode_fp8(args, q.scalar_type() == at::kHalf ? 1 : 2,
+                                    kv_type == at::ScalarType::Float8_e5m2 ? 1 : 0, static_cast<int>(batch),
+                                    static_cast<int>(num_kv_heads), direct ? 1 : 0,
                                     c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "decode_fp8 launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
-}
-
-// Split-K decode attention over an fp8 pool (decode_fp8.cu). q [B, Hq, 128] fp16/bf16; k_cache / v_cache
-// [slots, Hkv, 128] fp8 with contiguous rows; page_table [rows, width] int32 (width a multiple of 4); table_idx /
-// seq_lens [B] int32. One split writes `out`; more write mid_o [B, Hq, S', 128] / mid_lse [B, Hq, S'] (fp32) for the
-// merge kernel. `pdl` launches it with programmatic dependent launch (kernel/pdl.py).
-void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
-                torch::Tensor table_idx, torch::Tensor seq_lens, torch::Tensor mid_o, torch::Tensor mid_lse,
-                torch::Tensor out, double scale_log2, double v_scale, int64_t num_splits, int64_t stages,
-                bool heads_first, int64_t warps, bool pdl) {
-  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.size(2) == 128 && q.stride(2) == 1,
-              "q must be [B, Hq, 128] with contiguous rows");
-  stage4::DecodeFp8Args args{};
-  args.q = q.data_ptr();
-  args.stride_qb = q.stride(0);
-  args.stride_qh = q.stride(1);
-  launch_decode_fp8(args, q.scalar_type(), q.size(0), q.size(1), k_cache, v_cache, page_table, table_idx, seq_lens,
-                    mid_o, mid_lse, out, scale_log2, v_scale, num_splits, stages, heads_first, warps, pdl);
-}
-
-// The same attention with the q/k norm + RoPE prologue (decode_fp8.h): from the raw projection qkv [B, (Hq + 2 Hkv)
-// x 128] it normalises (q_norm / k_norm [128], both or neither) and rotates (cos_sin [positions, 128] fp32 at
-// positions [B] int32) q and this step's key, which it quantizes into the pool at out_loc [B] int32 with the value
-// (divided by k_store_scale / v_store_scale); hidden [B, N] (or none): every row first scaled by its RMS factor.
-void decode_fp8_qkv(torch::Tensor qkv, int64_t num_qo_heads, torch::Tensor k_cache, torch::Tensor v_cache,
-                    torch::Tensor page_table, torch::Tensor table_idx, torch::Tensor seq_lens, torch::Tensor mid_o,
-                    torch::Tensor mid_lse, torch::Tensor out, double scale_log2, double v_scale, int64_t num_splits,
-                    bool heads_first, int64_t warps, bool pdl, c10::optional<torch::Tensor> q_norm,
-                    c10::optional<torch::Tensor> k_norm, double norm_eps, c10::optional<torch::Tensor> hidden,
-                    double hidden_eps, torch::Tensor cos_sin, torch::Tensor positions, torch::Tensor out_loc,
-                    double k_store_scale, double v_store_scale) {
-  const int64_t batch = qkv.size(0), num_kv_heads = k_cache.size(1);
-  const auto q_type = qkv.scalar_type();
-  TORCH_CHECK(qkv.is_cuda() && qkv.dim() == 2 && qkv.stride(1) == 1 &&
-                  qkv.size(1) == (num_qo_heads + 2 * num_kv_heads) * 128 && qkv.stride(0) % 8 == 0 &&
-                  reinterpret_cast<std::uintptr_t>(qkv.data_ptr()) % 16 == 0,
-              "qkv must be [B, (Hq + 2 Hkv) x 128] with 16-byte aligned, contiguous rows");
-  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
-  if (q_norm.has_value()) {
-    TORCH_CHECK(q_norm->numel() == 128 && k_norm->numel() == 128 && q_norm->is_contiguous() &&
-                    k_norm->is_contiguous() && q_norm->scalar_type() == q_type && k_norm->scalar_type() == q_type,
-                "q_norm / k_norm must be 128 contiguous weights in qkv's dtype");
-  }
-  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.dim() == 2 && cos_sin.size(1) == 128 &&
-                  cos_sin.stride(1) == 1,
-              "cos_sin must be [positions, 128] fp32");
-  TORCH_CHECK(positions.scalar_type() == at::kInt && out_loc.scalar_type() == at::kInt && positions.size(0) >= batch &&
-                  out_loc.size(0) >= batch && positions.stride(0) == 1 && out_loc.stride(0) == 1,
-              "positions / out_loc must be [B] int32");
-  stage4::DecodeFp8Args args{};
-  args.qkv = qkv.data_ptr();
-  args.stride_qkv = qkv.stride(0);
-  args.num_qo_heads = static_cast<int>(num_qo_heads);
-  args.num_kv_heads = static_cast<int>(num_kv_heads);
-  if (q_norm.has_value()) {
-    args.q_norm = q_norm->data_ptr();
-    args.k_norm = k_norm->data_ptr();
-  }
-  args.norm_eps = static_cast<float>(norm_eps);
-  if (hidden.has_value()) {
-    TORCH_CHECK(hidden->dim() == 2 && hidden->size(0) == batch && hidden->stride(1) == 1 &&
-                    hidden->scalar_type() == q_type,
-                "hidden must be [B, N] in qkv's dtype with contiguous rows");
-    args.hidden = hidden->data_ptr();
-    args.stride_hidden = hidden->stride(0);
-    args.hidden_size = static_cast<int>(hidden->size(1));
-    args.hidden_eps = static_cast<float>(hidden_eps);
-  }
-  args.cos_sin = cos_sin.data_ptr<float>();
-  args.stride_cs = cos_sin.stride(0);
-  args.positions = positions.data_ptr<int32_t>();
-  args.out_loc = out_loc.data_ptr<int32_t>();
-  args.k_store = static_cast<uint8_t*>(k_cache.data_ptr());
-  args.v_store = static_cast<uint8_t*>(v_cache.data_ptr());
-  args.k_store_scale = static_cast<float>(k_store_scale);
-  args.v_store_scale = static_cast<float>(v_store_scale);
-  launch_decode_fp8(args, q_type, batch, num_qo_heads, k_cache, v_cache, page_table, table_idx, seq_lens, mid_o,
-                    mid_lse, out, scale_log2, v_scale, num_splits, stage4::kFusedStages, heads_first, warps, pdl);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -257,5 +184,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("store_cache_fp8", &store_cache_fp8, "scatter K/V rows into an fp8 KV pool, divided by the scales");
   m.def("indexing", &indexing, "row gather with an optional vocab range");
   m.def("decode_fp8", &decode_fp8, "split-K decode attention over an fp8 KV pool (tensor cores)");
-  m.def("decode_fp8_qkv", &decode_fp8_qkv, "decode_fp8 from the raw qkv projection: q/k norm, RoPE and the KV store in it");
 }

@@ -4,9 +4,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
-#include <cstdint>
 
 namespace stage4 {
 
@@ -20,11 +17,5 @@ template <>
 __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-
-// x / scale as an fp8 byte: rounded to nearest, ties to even, saturating at the largest finite value. An IEEE
-// division (no fast math in the build), so that the torch reference's x / scale (kernel/ref.py) rounds the same way.
-__device__ __forceinline__ uint8_t quantize_fp8(float x, float scale, __nv_fp8_interpretation_t kind) {
-  return __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, kind);
-}
 
 }  // namespace stage4

@@ -264,122 +264,7 @@ __device__ __forceinline__ void attend_tile(uint32_t stage, const StageOffsets& 
     }
 }
 
-// ---- The prologue: the q/k norm + RoPE kernel's work, done by the attention's own programs ----
-// A decode layer launched qkv GEMM, q/k norm + RoPE (+ the KV store), attention. With `a.qkv` set, the attention
-// reads the GEMM's raw output: every warp normalises and rotates its group's query heads as it loads them (the q
-// fragment needs them in registers anyway), and the program that owns a sequence's newest key (the split whose keys
-// end at its length) first normalises, rotates and quantizes that key and value into the pool, so that its own
-// copies read it back like any other row. Every rounding to q's dtype of the Triton kernel (triton_fused.py,
-// _qk_norm_rope_kernel) is kept, so both paths give the same bits up to fp32 summation order in the norms.
-
-template <typename QT>
-__device__ __forceinline__ float round_to(float x) {
-  return to_float(from_float<QT>(x));
-}
-
-// RMSNorm's factor rsqrt(mean(x^2) + eps) of a row of n values, summed by one warp (every lane gets it)
-template <typename QT>
-__device__ __forceinline__ float warp_rms_factor(const QT* row, int n, float eps, int lane) {
-  float ss = 0.f;
-  for (int i = lane; i < n; i += kWarpSize) {
-    const float x = to_float(row[i]);
-    ss += x * x;
-  }
-#pragma unroll
-  for (int m = 1; m < kWarpSize; m <<= 1) ss += __shfl_xor_sync(kFullMask, ss, m);
-  return rsqrtf(ss / static_cast<float>(n) + eps);
-}
-
-// x: kN consecutive dims d0 .. of one head, held by the kLanes lanes that share that head (lane ^ m, m < kLanes);
-// dim d's RoPE partner d +- 64 sits at the same index of lane ^ partner. Scaled by the row's factor (when the input
-// norm is deferred), RMS-normalised with `weight` (when the model has q/k norms), rotated by cos|sin `cs_row`.
-template <typename QT, int kN, int kLanes>
-__device__ __forceinline__ void norm_rope(float (&x)[kN], int d0, const DecodeFp8Args& a, float row_scale,
-                                          const QT* weight, const float* cs_row, int partner) {
-  if (a.hidden != nullptr) {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) x[j] = round_to<QT>(x[j] * row_scale);
-  }
-  if (weight != nullptr) {
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) ss += x[j] * x[j];
-#pragma unroll
-    for (int m = 1; m < kLanes; m <<= 1) ss += __shfl_xor_sync(kFullMask, ss, m);
-    const float inv = rsqrtf(ss / kDecodeHeadDim + a.norm_eps);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) x[j] = round_to<QT>(to_float(weight[d0 + j]) * round_to<QT>(x[j] * inv));
-  }
-  const bool first_half = d0 < kDecodeHeadDim / 2;  // out = x cos - partner sin there, x cos + partner sin after
-#pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    const float p = __shfl_xor_sync(kFullMask, x[j], partner);
-    const int f = (d0 + j) % (kDecodeHeadDim / 2);
-    const float xc = round_to<QT>(x[j] * round_to<QT>(cs_row[f]));
-    const float ps = round_to<QT>(p * round_to<QT>(cs_row[kDecodeHeadDim / 2 + f]));
-    x[j] = round_to<QT>(first_half ? xc - ps : xc + ps);
-  }
-}
-
-// 8 consecutive 16-bit values (16 bytes) as floats
-template <typename QT>
-__device__ __forceinline__ void load_8(const QT* src, float* x) {
-  const uint4 v = *reinterpret_cast<const uint4*>(src);
-  const QT* h = reinterpret_cast<const QT*>(&v);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = to_float(h[i]);
-}
-
-// The q fragment (see the kernel) from the raw projection: lane (g, t) holds dims 32t .. 32t + 31 of the group's
-// head g; the four lanes of a head reduce its norm, and dim d's partner d + 64 is in lane t ^ 2.
-template <typename QT>
-__device__ __forceinline__ void q_fragment_from_qkv(const DecodeFp8Args& a, int b, int kv_head, int g, int t,
-                                                    float row_scale, const float* cs_row, uint32_t (&q_frag)[16]) {
-  float x[32];
-  if (g < a.group) {
-    const QT* src = static_cast<const QT*>(a.qkv) + b * a.stride_qkv + (kv_head * a.group + g) * kDecodeHeadDim +
-                    32 * t;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) load_8(src + 8 * i, x + 8 * i);
-  } else {  // a padding column: zeros stay zeros (and the shuffles need every lane)
-#pragma unroll
-    for (int j = 0; j < 32; ++j) x[j] = 0.f;
-  }
-  norm_rope<QT, 32, 4>(x, 32 * t, a, row_scale, static_cast<const QT*>(a.q_norm), cs_row, 2);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) q_frag[i] = g < a.group ? pack_half2(x[2 * i], x[2 * i + 1]) : 0u;
-}
-
-// One warp: the newest key and value of sequence b, KV head kv_head, normalised, rotated and quantized into their
-// slot of the pool (lane: dims 4 lane .. 4 lane + 3; dim d's partner d + 64 is in lane ^ 16).
-template <typename QT, bool kE5M2>
-__device__ __forceinline__ void store_newest_kv(const DecodeFp8Args& a, int b, int kv_head, float row_scale,
-                                                const float* cs_row, int lane) {
-  const auto kind = kE5M2 ? __NV_E5M2 : __NV_E4M3;
-  const QT* row = static_cast<const QT*>(a.qkv) + b * a.stride_qkv + 4 * lane;
-  const QT* k_src = row + (a.num_qo_heads + kv_head) * kDecodeHeadDim;
-  const QT* v_src = row + (a.num_qo_heads + a.num_kv_heads + kv_head) * kDecodeHeadDim;
-  float k[4], v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    k[j] = to_float(k_src[j]);
-    v[j] = to_float(v_src[j]);
-  }
-  norm_rope<QT, 4, kWarpSize>(k, 4 * lane, a, row_scale, static_cast<const QT*>(a.k_norm), cs_row, 16);
-  uint32_t k_bytes = 0, v_bytes = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float vj = a.hidden != nullptr ? round_to<QT>(v[j] * row_scale) : v[j];
-    k_bytes |= static_cast<uint32_t>(quantize_fp8(k[j], a.k_store_scale, kind)) << (8 * j);
-    v_bytes |= static_cast<uint32_t>(quantize_fp8(vj, a.v_store_scale, kind)) << (8 * j);
-  }
-  const int64_t slot = a.out_loc[b];
-  *reinterpret_cast<uint32_t*>(a.k_store + slot * a.stride_kt + kv_head * a.stride_kh + 4 * lane) = k_bytes;
-  *reinterpret_cast<uint32_t*>(a.v_store + slot * a.stride_vt + kv_head * a.stride_vh + 4 * lane) = v_bytes;
-}
-
-
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps, bool kFused>
+template <typename QT, bool kE5M2, bool kDirect, int kStages, int kDecodeWarps>
 __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWarps)
     decode_fp8_kernel(const DecodeFp8Args a) {
   constexpr int kDecodeThreads = kDecodeWarps * kWarpSize;
@@ -427,32 +312,13 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
     for (int i = 0; i < kStages - 1; ++i) {
       if (next_copy + i * kRoundKeys < end) first[i] = load_slots(table, next_copy + i * kRoundKeys, end, lane);
     }
-    // The prologue's inputs that no kernel of this step writes: the hidden row (written before the qkv GEMM
-    // started: edges into cuBLAS's GEMMs are full ones), the position, the cos|sin table.
-    float row_scale = 1.f;
-    const float* cs_row = nullptr;
-    if constexpr (kFused) {
-      if (a.hidden != nullptr) {
-        row_scale = warp_rms_factor(static_cast<const QT*>(a.hidden) + b * a.stride_hidden, a.hidden_size,
-                                    a.hidden_eps, lane);
-      }
-      cs_row = a.cos_sin + static_cast<int64_t>(a.positions[b]) * a.stride_cs;
-    }
     pdl_wait_then_release();
-    if constexpr (kFused) {
-      if (start < end && end == seq_len) {  // this program owns the newest key: into the pool before any copy
-        if (warp == 0) store_newest_kv<QT, kE5M2>(a, b, kv_head, row_scale, cs_row, lane);
-        __syncthreads();
-      }
-    } else {
-      // Q^T as the B operand of QK chunk c (head g): q_frag[2c] = dims 32t + 4c + {0, 1}, q_frag[2c + 1] = + {2,
-      // 3}. Heads past the group are zero columns: their scores are 0 and their outputs are never read.
-      const QT* q_row =
-          static_cast<const QT*>(a.q) + b * a.stride_qb + (kv_head * a.group + g) * a.stride_qh + 32 * t;
+    // Q^T as the B operand of QK chunk c (head g): q_frag[2c] = dims 32t + 4c + {0, 1}, q_frag[2c + 1] = + {2, 3}.
+    // Heads past the group are zero columns: their scores are 0 and their outputs are never read.
+    const QT* q_row = static_cast<const QT*>(a.q) + b * a.stride_qb + (kv_head * a.group + g) * a.stride_qh + 32 * t;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        q_frag[i] = g < a.group ? pack_half2(to_float(q_row[2 * i]), to_float(q_row[2 * i + 1])) : 0u;
-      }
+    for (int i = 0; i < 16; ++i) {
+      q_frag[i] = g < a.group ? pack_half2(to_float(q_row[2 * i]), to_float(q_row[2 * i + 1])) : 0u;
     }
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
@@ -462,7 +328,6 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
       commit_copies();
       next_copy += kRoundKeys;
     }
-    if constexpr (kFused) q_fragment_from_qkv<QT>(a, b, kv_head, g, t, row_scale, cs_row, q_frag);  // copies fly
   }
   int4 ahead[2];  // the slots of tiles next_copy and next_copy + one round
   if (next_copy < end) ahead[0] = load_slots(table, next_copy, end, lane);
@@ -541,11 +406,11 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
   }
 }
 
-template <typename QT, bool kE5M2, bool kDirect, int kStages, int kWarps, bool kFused>
+template <typename QT, bool kE5M2, bool kDirect, int kStages, int kWarps>
 void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
   constexpr int smem_bytes = kStages * kWarps * kStageBytes;
   static const cudaError_t configured = cudaFuncSetAttribute(  // above the 48 KB a launch gets unasked
-      decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       smem_bytes);
   (void)configured;
   cudaLaunchAttribute dependent{};
@@ -558,19 +423,17 @@ void launch_warps(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = a.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&config, decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps, kFused>, a);
+  cudaLaunchKernelEx(&config, decode_fp8_kernel<QT, kE5M2, kDirect, kStages, kWarps>, a);
 }
 
-template <typename QT, bool kE5M2, bool kDirect, int kStages, bool kFused = false>
+template <typename QT, bool kE5M2, bool kDirect, int kStages>
 void launch_stages(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
-  a.warps == 8 ? launch_warps<QT, kE5M2, kDirect, kStages, 8, kFused>(a, grid, stream)
-               : launch_warps<QT, kE5M2, kDirect, kStages, 4, kFused>(a, grid, stream);
+  a.warps == 8 ? launch_warps<QT, kE5M2, kDirect, kStages, 8>(a, grid, stream)
+               : launch_warps<QT, kE5M2, kDirect, kStages, 4>(a, grid, stream);
 }
 
 template <typename QT, bool kE5M2, bool kDirect>
 void launch_direct(const DecodeFp8Args& a, dim3 grid, cudaStream_t stream) {
-  // the prologue is built for the engine's stage count only (kFusedStages; the binding checks)
-  if (a.qkv != nullptr) return launch_stages<QT, kE5M2, kDirect, kFusedStages, true>(a, grid, stream);
   switch (a.stages) {
     case 2: return launch_stages<QT, kE5M2, kDirect, 2>(a, grid, stream);
     case 3: return launch_stages<QT, kE5M2, kDirect, 3>(a, grid, stream);

@@ -24,6 +24,11 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+__device__ __forceinline__ uint8_t quantize(float x, float scale, __nv_fp8_interpretation_t kind) {
+  // an IEEE division (no fast math in the build), so that the reference's x / scale rounds the same way
+  return __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, kind);
+}
+
 template <typename In, bool kVector>
 __device__ __forceinline__ void quantize_row(uint8_t* __restrict__ dst, const In* __restrict__ src, int64_t elems,
                                              float scale, __nv_fp8_interpretation_t kind) {
@@ -32,11 +37,11 @@ __device__ __forceinline__ void quantize_row(uint8_t* __restrict__ dst, const In
       const Pack<In, kPack> in = reinterpret_cast<const Pack<In, kPack>*>(src)[c];
       Pack<uint8_t, kPack> out;
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) out.v[i] = quantize_fp8(to_float(in.v[i]), scale, kind);
+      for (int i = 0; i < kPack; ++i) out.v[i] = quantize(to_float(in.v[i]), scale, kind);
       reinterpret_cast<Pack<uint8_t, kPack>*>(dst)[c] = out;
     }
   } else {
-    for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) dst[i] = quantize_fp8(to_float(src[i]), scale, kind);
+    for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) dst[i] = quantize(to_float(src[i]), scale, kind);
   }
 }
 
