@@ -36,6 +36,7 @@ from ..utils.device import (
     physical_cpu_count,
     record_event,
     stream_context,
+    synchronize,
 )
 from ..utils.hf import resolve_model_path
 from .config import EngineConfig
@@ -257,6 +258,29 @@ class Engine:
             logprobs_cpu = logprobs.to_host() if logprobs is not None else None
             copy_done_event = record_event(self.device)
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logprobs_cpu)
+
+    def warm_up_prefill(self, num_tokens: int) -> None:
+        """One prefill of ``num_tokens`` dummy tokens before the first request, on a GPU: CUDA loads a kernel's
+        module at its first launch (lazily) and the allocator grows at its first large request, so the first
+        long prompt a server takes, or an offline run's first prefill step, paid ~30 ms for that (on the H200,
+        ``bench/gpu_notes.md``). vLLM's start-up profile run, a forward at its largest batch, does the same.
+        Every token writes its KV into the dummy request's one padding slot, which no request reads."""
+        num_tokens = min(num_tokens, self.max_seq_len)
+        if num_tokens < 2:
+            return
+        req = Req(input_ids=torch.zeros(num_tokens, dtype=torch.int32), table_idx=self.dummy_req.table_idx,
+                  cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams())
+        batch = Batch(reqs=[req], phase="prefill")
+        batch.padded_reqs = batch.reqs
+        set_global_ctx(self.ctx)
+        with torch.inference_mode(), stream_context(self.stream):
+            batch.input_ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
+            batch.positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
+            batch.out_loc = self.page_table[req.table_idx, :num_tokens]
+            self.attn_backend.prepare_metadata(batch)
+            with self.ctx.forward_batch(batch):
+                self.model.forward()
+        synchronize(self.device)
 
     def shutdown(self) -> None:
         self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)

@@ -46,7 +46,7 @@ from ..message import (
 )
 from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, GrammarError, LogprobArgs
 from ..utils import int_tensor
-from ..utils.device import create_stream, stream_context, synchronize, to_device, to_device_packed
+from ..utils.device import create_stream, is_cuda, stream_context, synchronize, to_device, to_device_packed
 from ..utils.hf import load_tokenizer, resolve_model_path
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -83,6 +83,8 @@ class Scheduler(SchedulerIOMixin):
         self.config = config
         self.engine = Engine(config)
         self.device = self.engine.device
+        if is_cuda(self.device) and not ENV.DISABLE_PREFILL_WARM_UP.value:
+            self.engine.warm_up_prefill(config.max_extend_tokens)  # the first long prompt pays no first launches
         # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
         self.stream = create_stream(self.device)
         page_size = config.page_size

@@ -169,3 +169,32 @@ def test_serve_reports_the_cpu_defaults(qwen3):
         assert part in text
     config, _ = parse_args(["--model", str(qwen3), "--kv-cache-dtype", "fp8_e5m2"])
     assert "KV cache fp8_e5m2" in describe(config)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(qwen3, page_size):
+    """``Engine.warm_up_prefill`` (run at start-up on a GPU, here by hand): a prefill of dummy tokens through the
+    real forward, whose KV goes to the dummy request's padding page only — every other slot of the pool keeps its
+    bytes, and the requests after it get HF's tokens."""
+    from .fast_helpers import PROMPTS
+    from .helpers import greedy
+
+    llm = make_llm(qwen3, page_size=page_size, max_running_req=8)
+    try:
+        engine = llm.engine
+        pool = engine.kv_cache
+        padding = slice(engine.num_pages * page_size, (engine.num_pages + 1) * page_size)
+        def slots(i: int) -> torch.Tensor:  # the layer's K as token slots [slots, heads, dim], whatever the page size
+            k = pool.k_cache(i)
+            return k.reshape(-1, k.shape[-2], k.shape[-1])
+
+        before = [slots(i).clone() for i in range(pool.num_layers)]
+        engine.warm_up_prefill(40)
+        for i, old in enumerate(before):
+            new = slots(i)
+            assert torch.equal(new[: padding.start], old[: padding.start])
+            assert not torch.equal(new[padding], old[padding])  # it ran: the padding slot was written
+        out = [r["token_ids"] for r in llm.generate(list(PROMPTS), greedy(8), use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    assert out == hf_generate(qwen3, n=8)
