@@ -273,14 +273,19 @@ class Engine:
         batch = Batch(reqs=[req], phase="prefill")
         batch.padded_reqs = batch.reqs
         set_global_ctx(self.ctx)
-        with torch.inference_mode(), stream_context(self.stream):
-            batch.input_ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
-            batch.positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
-            batch.out_loc = self.page_table[req.table_idx, :num_tokens]
-            self.attn_backend.prepare_metadata(batch)
-            with self.ctx.forward_batch(batch):
-                self.model.forward()
-        synchronize(self.device)
+        try:
+            with torch.inference_mode(), stream_context(self.stream):
+                batch.input_ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
+                batch.positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
+                batch.out_loc = self.page_table[req.table_idx, :num_tokens]
+                self.attn_backend.prepare_metadata(batch)
+                with self.ctx.forward_batch(batch):
+                    self.model.forward()
+            synchronize(self.device)
+        except torch.OutOfMemoryError:  # a prefill step this long will not fit either: say so, serve what fits
+            torch.cuda.empty_cache()
+            logger.warning("a prefill of %d tokens ran out of GPU memory at start-up: prefill steps that long will "
+                           "too (lower --max-num-batched-tokens or --mem-fraction-static)", num_tokens)
 
     def shutdown(self) -> None:
         self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)

@@ -198,3 +198,24 @@ def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(q
     finally:
         llm.shutdown()
     assert out == hf_generate(qwen3, n=8)
+
+
+def test_a_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwen3, monkeypatch, caplog):
+    """A warm-up prefill that does not fit says which setting to lower, and start-up goes on: the requests after
+    it get HF's tokens."""
+    from .fast_helpers import PROMPTS
+    from .helpers import greedy
+
+    llm = make_llm(qwen3, max_running_req=8)
+    try:
+        def out_of_memory():
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+        with monkeypatch.context() as m:
+            m.setattr(llm.engine.model, "forward", out_of_memory)
+            llm.engine.warm_up_prefill(64)
+        assert "ran out of GPU memory at start-up" in caplog.text and "--max-num-batched-tokens" in caplog.text
+        out = [r["token_ids"] for r in llm.generate(list(PROMPTS), greedy(8), use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    assert out == hf_generate(qwen3, n=8)
