@@ -263,8 +263,8 @@ class Engine:
         """One prefill of ``num_tokens`` dummy tokens before the first request, on a GPU: CUDA loads a kernel's
         module at its first launch (lazily) and the allocator grows at its first large request, so the first
         long prompt a server takes, or an offline run's first prefill step, paid ~30 ms for that (on the H200,
-        ``bench/gpu_notes.md``). vLLM's start-up profile run, a forward at its largest batch, does the same.
-        Every token writes its KV into the dummy request's one padding slot, which no request reads."""
+        ``bench/gpu_notes.md`` section 30). vLLM's start-up profile run, a forward at its largest batch, does the
+        same. Every token writes its KV into the dummy request's padding slot, which no request reads."""
         num_tokens = min(num_tokens, self.max_seq_len)
         if num_tokens < 2:
             return

@@ -184,6 +184,7 @@ def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(q
         engine = llm.engine
         pool = engine.kv_cache
         padding = slice(engine.num_pages * page_size, (engine.num_pages + 1) * page_size)
+
         def slots(i: int) -> torch.Tensor:  # the layer's K as token slots [slots, heads, dim], whatever the page size
             k = pool.k_cache(i)
             return k.reshape(-1, k.shape[-2], k.shape[-1])
