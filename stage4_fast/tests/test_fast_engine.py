@@ -185,9 +185,9 @@ def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(q
         pool = engine.kv_cache
         padding = slice(engine.num_pages * page_size, (engine.num_pages + 1) * page_size)
 
-        def slots(i: int) -> torch.Tensor:  # the layer's K as token slots [slots, heads, dim], whatever the page size
-            k = pool.k_cache(i)
-            return k.reshape(-1, k.shape[-2], k.shape[-1])
+        def slots(i: int) -> torch.Tensor:  # the layer's K bytes by token slot, whatever the page size (bytes: the
+            k = pool.k_cache(i)               # pool starts uninitialised, and a NaN there equals nothing)
+            return k.reshape(-1, k.shape[-2], k.shape[-1]).view(torch.uint8)
 
         before = [slots(i).clone() for i in range(pool.num_layers)]
         engine.warm_up_prefill(40)
