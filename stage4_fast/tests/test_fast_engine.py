@@ -220,3 +220,18 @@ def test_a_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwe
     finally:
         llm.shutdown()
     assert out == hf_generate(qwen3, n=8)
+
+
+def test_the_prefill_warm_up_leaves_the_moe_models_tokens_alone():
+    """The warm-up through Qwen3-MoE's routed experts: the requests after it get HF's tokens."""
+    from .helpers import greedy
+
+    moe = prepared_model("tiny-qwen3-moe")
+    prompts = [[1, 2, 3, 4, 5], [9, 8]]
+    llm = make_llm(moe, max_running_req=8)
+    try:
+        llm.engine.warm_up_prefill(64)
+        out = [r["token_ids"] for r in llm.generate(prompts, greedy(4), use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    assert out == hf_generate(moe, prompts, 4)

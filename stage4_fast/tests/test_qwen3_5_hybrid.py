@@ -313,3 +313,16 @@ def test_server_serves_the_hybrid_model():
         req = urllib.request.Request(f"{base_url}/v1/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as resp:
             assert json.loads(resp.read())["choices"][0]["text"] == want
+
+
+def test_the_prefill_warm_up_leaves_the_tokens_alone():
+    """``Engine.warm_up_prefill`` (start-up, on a GPU; here by hand) through the hybrid's layers: its dummy prefill
+    runs the linear attention on the padding request's state slot, and the requests after it get HF's tokens."""
+    prompts = [[1, 2, 3, 4, 5], [7] * 30]
+    llm = llm_mod.LLM(str(model_dir()), dtype=torch.float32)
+    try:
+        llm.engine.warm_up_prefill(64)
+        results = llm.generate(prompts, greedy(), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [list(r["token_ids"]) for r in results] == hf_generate(prompts)
