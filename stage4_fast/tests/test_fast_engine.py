@@ -203,7 +203,11 @@ def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(q
 
 def test_a_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwen3, monkeypatch, caplog):
     """A warm-up prefill that does not fit says which setting to lower, and start-up goes on: the requests after
-    it get HF's tokens."""
+    it get HF's tokens. Under TP it raises instead: another rank may be inside the forward's collectives."""
+    from dataclasses import replace
+
+    from stage4_fast.distributed import DistributedInfo
+
     from .fast_helpers import PROMPTS
     from .helpers import greedy
 
@@ -215,7 +219,11 @@ def test_a_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwe
         with monkeypatch.context() as m:
             m.setattr(llm.engine.model, "forward", out_of_memory)
             llm.engine.warm_up_prefill(64)
-        assert "ran out of GPU memory at start-up" in caplog.text and "--max-num-batched-tokens" in caplog.text
+            assert "ran out of GPU memory at start-up" in caplog.text and "--max-num-batched-tokens" in caplog.text
+            config = llm.engine.config
+            m.setattr(llm.engine, "config", replace(config, tp_info=DistributedInfo(0, 2)))
+            with pytest.raises(torch.OutOfMemoryError):
+                llm.engine.warm_up_prefill(64)
         out = [r["token_ids"] for r in llm.generate(list(PROMPTS), greedy(8), use_tqdm=False)]
     finally:
         llm.shutdown()
