@@ -306,11 +306,25 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
   uint32_t q_frag[16];
   {
     // The lengths, the page table and the first tiles' slots come from the host's copies, which came before the
-    // previous kernel; q and the newest K/V row are that kernel's output: the wait sits between the two.
+    // previous kernel; q and the newest K/V row are that kernel's output: the wait sits between the two. The first
+    // tiles that hold only older keys (written in earlier steps) are copied before the wait as well, so that their
+    // DRAM latency overlaps the previous kernel's tail; the others, and every tile of a sequence whose newest key
+    // they hold, after it.
     int4 first[kStages - 1];
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
       if (next_copy + i * kRoundKeys < end) first[i] = load_slots(table, next_copy + i * kRoundKeys, end, lane);
+    }
+    const int newest = a.early_copies ? seq_len - 1 : -1;  // the position whose K/V the previous kernel wrote
+    int copied_early = 0;
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (copied_early == i && next_copy < end && next_copy + kTileKeys <= newest) {
+        copy_rows_async(first[i], warp_stages + i * kStageBytes, offsets, k_base, v_base, stride_kt, stride_vt);
+        commit_copies();
+        next_copy += kRoundKeys;
+        ++copied_early;
+      }
     }
     pdl_wait_then_release();
     // Q^T as the B operand of QK chunk c (head g): q_frag[2c] = dims 32t + 4c + {0, 1}, q_frag[2c + 1] = + {2, 3}.
@@ -322,6 +336,7 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
     }
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
+      if (i < copied_early) continue;
       if (next_copy < end) {
         copy_rows_async(first[i], warp_stages + i * kStageBytes, offsets, k_base, v_base, stride_kt, stride_vt);
       }
