@@ -172,8 +172,6 @@ void decode_fp8(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, t
   args.heads_first = heads_first ? 1 : 0;
   args.warps = static_cast<int>(warps);
   args.pdl = pdl ? 1 : 0;
-  static const char* early = std::getenv("MINISGL_FP8_DECODE_EARLY_COPIES");
-  args.early_copies = early != nullptr && early[0] == '0' ? 0 : 1;
   const int err = stage4_decode_fp8(args, q.scalar_type() == at::kHalf ? 1 : 2,
                                     kv_type == at::ScalarType::Float8_e5m2 ? 1 : 0, static_cast<int>(batch),
                                     static_cast<int>(num_kv_heads), direct ? 1 : 0,

@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, kSmWarps / kDecodeWa
     for (int i = 0; i < kStages - 1; ++i) {
       if (next_copy + i * kRoundKeys < end) first[i] = load_slots(table, next_copy + i * kRoundKeys, end, lane);
     }
-    const int newest = a.early_copies ? seq_len - 1 : -1;  // the position whose K/V the previous kernel wrote
+    const int newest = seq_len - 1;  // the position whose K/V the previous kernel wrote
     int copied_early = 0;
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {

@@ -27,7 +27,6 @@ struct DecodeFp8Args {
   int heads_first;  // grid order: a sequence's KV heads side by side (1) or one KV head's sequences (0)
   int warps;        // warps per program: 4 or 8
   int pdl;          // launch with programmatic dependent launch (sm_90+; kernel/pdl.py)
-  int early_copies;  // A/B switch (measurement): copy the tiles of older keys before the dependent-launch wait
 };
 
 }  // namespace stage4
