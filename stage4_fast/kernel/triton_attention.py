@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -117,22 +116,17 @@ def _decode_split_kernel(
     sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr, EARLY_META: tl.constexpr,
+    WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    if not EARLY_META:
-        pdl_wait(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # the length and the page-table row come from the host's copies, made before the previous kernel ran: read
-    # before the wait; q and the newest K/V row are that kernel's output
     seq_len = tl.load(SeqLens + b)
     row = tl.load(TableIdx + b).to(tl.int64)
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
-    if EARLY_META:
-        pdl_wait(PDL)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -470,8 +464,7 @@ def decode_attention(
             sm_scale * k_scale * LOG2E, v_scale, num_splits,
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
             DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), PDL=pdl,
-            EARLY_META=os.environ.get("MINISGL_TRITON_DECODE_EARLY_META", "1") != "0", **launch, **pdl_options,
+            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), PDL=pdl, **launch, **pdl_options,
         )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](
