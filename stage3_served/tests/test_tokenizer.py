@@ -68,6 +68,44 @@ def test_text_appears_as_soon_as_its_character_is_complete():
             assert "".join(outs[:k]) == text
 
 
+
+@lru_cache(maxsize=1)
+def lone_bytes() -> list[int]:
+    """Ids of one-byte tokens that no UTF-8 character starts with (a continuation byte alone): any run of them
+    decodes to one U+FFFD per token."""
+    tok = tokenizer()
+    return [i for i in range(len(tok)) if tok.decode([i] * 4) == "\ufffd" * 4]
+
+
+def test_invalid_bytes_stream_three_tokens_behind_instead_of_at_the_end():
+    """A run of bytes that are no UTF-8 (what a random model may emit) would end every window in U+FFFD: it streams
+    three tokens behind as decoding all ids gives it, not all at the request's end; the text after it as before."""
+    tok = tokenizer()
+    ids = tok.encode("ok ") + [lone_bytes()[0]] * 8 + tok.encode(" done")
+    outs = [r.incremental_output for r in _stream(ids)]
+    full = tok.decode(ids)
+    assert "".join(outs) == full and full.count("\ufffd") == 8
+    for k in range(4, len(ids) + 1):
+        sent = "".join(outs[:k])
+        assert full.startswith(sent) and sent.startswith(tok.decode(ids[: k - 3]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.integers(min_value=0, max_value=len(TEXTS) - 1),
+                          st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=6)),
+                min_size=1, max_size=5))
+def test_text_and_invalid_bytes_stream_only_what_decoding_all_ids_gives(pieces):
+    """Texts with split characters and runs of lone bytes in any order: what has streamed is always the start of
+    decoding all ids (nothing sent is ever taken back), and at the end all of it."""
+    tok = tokenizer()
+    lone = lone_bytes()
+    ids = [i for p in pieces for i in (tok.encode(TEXTS[p]) if isinstance(p, int) else [lone[j] for j in p])]
+    full, sent = tok.decode(ids), ""
+    for r in _stream(ids):
+        sent += r.incremental_output
+        assert full.startswith(sent)
+    assert sent == full
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(TEXTS) - 1), min_size=1, max_size=4),
        st.integers(min_value=0, max_value=2**31))

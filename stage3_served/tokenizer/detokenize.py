@@ -5,6 +5,12 @@ in U+FFFD. We decode a small window ``ids[surr_offset:]`` and commit the text it
 read_offset]`` only when it does not end in U+FFFD; otherwise we wait for the next token. The window keeps a few
 tokens of left context so tokenizers that drop a leading space when decoding a lone token still decode right. On
 the last token whatever remains is flushed, so the concatenated stream equals decoding all ids at once.
+
+A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
+start of a character that later tokens complete. When 4 or more tokens are held and the text still ends in U+FFFD,
+the bytes before those last 3 are invalid UTF-8 (a random model's lone continuation bytes, say), which no later
+token can mend: their text, U+FFFD included, is committed as decoding all ids would give it, instead of holding
+the stream until the request ends (vLLM and SGLang hold it).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from transformers import PreTrainedTokenizerBase
 from ..message import DetokenizeMsg, UserReply
 
 _REPLACEMENT = "\ufffd"
+# the tokens that can hold an unfinished character's start: a character is at most 4 bytes, a token at least 1
+_UNFINISHED_TOKENS = 3
 
 
 @dataclass
@@ -75,9 +83,20 @@ class DetokenizeManager:
         prefix = self._decode(s.decoded_ids[s.surr_offset : s.read_offset], s.skip_special_tokens)
         text = self._decode(s.decoded_ids[s.surr_offset :], s.skip_special_tokens)
         if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
-            s.decoded_str += text[len(prefix) :]
-            s.surr_offset = s.read_offset
-            s.read_offset = len(s.decoded_ids)
+            self._commit_text(s, text[len(prefix) :], len(s.decoded_ids))
+        elif len(s.decoded_ids) - s.read_offset > _UNFINISHED_TOKENS and text.endswith(_REPLACEMENT):
+            # invalid bytes held: all but the last tokens' text, where it is the start of the window's
+            read_offset = len(s.decoded_ids) - _UNFINISHED_TOKENS
+            cut = self._decode(s.decoded_ids[s.surr_offset : read_offset], s.skip_special_tokens)
+            if len(cut) > len(prefix) and cut.startswith(prefix) and text.startswith(cut):
+                self._commit_text(s, cut[len(prefix) :], read_offset)
+
+    @staticmethod
+    def _commit_text(s: DecodeStatus, text: str, read_offset: int) -> None:
+        """Commit ``text``, the window's text up to ``read_offset``; the next window starts where this one read."""
+        s.decoded_str += text
+        s.surr_offset = s.read_offset
+        s.read_offset = read_offset
 
     def _decode(self, ids: List[int], skip_special_tokens: bool) -> str:
         # a skipped special token adds no text: it is committed with the next token that does

@@ -5,6 +5,12 @@ in U+FFFD. We decode a small window ``ids[surr_offset:]`` and commit the text it
 read_offset]`` only when it does not end in U+FFFD; otherwise we wait for the next token. The window keeps a few
 tokens of left context so tokenizers that drop a leading space when decoding a lone token still decode right. On
 the last token whatever remains is flushed, so the concatenated stream equals decoding all ids at once.
+
+A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
+start of a character that later tokens complete. When 4 or more tokens are held and the text still ends in U+FFFD,
+the bytes before those last 3 are invalid UTF-8 (a random model's lone continuation bytes, say), which no later
+token can mend: their text, U+FFFD included, is committed as decoding all ids would give it, instead of holding
+the stream until the request ends (vLLM and SGLang hold it).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from transformers import PreTrainedTokenizerBase
 from ..message import DetokenizeMsg, TextLogprobs, TokenLogprobs, UserReply
 
 _REPLACEMENT = "\ufffd"
+# the tokens that can hold an unfinished character's start: a character is at most 4 bytes, a token at least 1
+_UNFINISHED_TOKENS = 3
 
 
 @dataclass
@@ -105,11 +113,25 @@ class DetokenizeManager:
         windows = [s.decoded_ids[s.surr_offset : s.read_offset] for s, _ in pending]
         windows += [s.decoded_ids[s.surr_offset :] for s, _ in pending]
         texts = self._decode_batch(windows, skip_special_tokens)
+        held = []  # (status, prefix, text) of windows that end in half a character after more tokens than one needs
         for (s, flush), prefix, text in zip(pending, texts, texts[len(pending) :]):
             if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
-                s.decoded_str += text[len(prefix) :]
-                s.surr_offset = s.read_offset
-                s.read_offset = len(s.decoded_ids)
+                self._commit_text(s, text[len(prefix) :], len(s.decoded_ids))
+            elif len(s.decoded_ids) - s.read_offset > _UNFINISHED_TOKENS and text.endswith(_REPLACEMENT):
+                held.append((s, prefix, text))
+        if held:  # rare (invalid bytes): all but the last tokens' text, where it is the start of the window's
+            cuts = self._decode_batch([s.decoded_ids[s.surr_offset : -_UNFINISHED_TOKENS] for s, _, _ in held],
+                                      skip_special_tokens)
+            for (s, prefix, text), cut in zip(held, cuts):
+                if len(cut) > len(prefix) and cut.startswith(prefix) and text.startswith(cut):
+                    self._commit_text(s, cut[len(prefix) :], len(s.decoded_ids) - _UNFINISHED_TOKENS)
+
+    @staticmethod
+    def _commit_text(s: DecodeStatus, text: str, read_offset: int) -> None:
+        """Commit ``text``, the window's text up to ``read_offset``; the next window starts where this one read."""
+        s.decoded_str += text
+        s.surr_offset = s.read_offset
+        s.read_offset = read_offset
 
     def _as_text(self, lp: TokenLogprobs) -> TextLogprobs:
         return TextLogprobs([self._text_of(t) for t in lp.token_ids], list(lp.logprobs),
