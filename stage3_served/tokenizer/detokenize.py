@@ -7,7 +7,8 @@ tokens of left context so tokenizers that drop a leading space when decoding a l
 the last token whatever remains is flushed, so the concatenated stream equals decoding all ids at once.
 
 A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
-start of a character that later tokens complete. When 4 or more tokens are held and the text still ends in U+FFFD,
+start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries
+none and is not counted). When 4 or more tokens are held and the text still ends in U+FFFD,
 the bytes before those last 3 are invalid UTF-8 (a random model's lone continuation bytes, say), which no later
 token can mend: their text, U+FFFD included, is committed as decoding all ids would give it, instead of holding
 the stream until the request ends (vLLM and SGLang hold it).
@@ -16,7 +17,7 @@ the stream until the request ends (vLLM and SGLang hold it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from transformers import PreTrainedTokenizerBase
 
@@ -44,6 +45,7 @@ class DetokenizeManager:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.decode_map: Dict[int, DecodeStatus] = {}
+        self._has_text: Dict[Tuple[int, bool], bool] = {}  # (token id, skip_special_tokens) -> decodes to text alone
 
     def detokenize(self, msgs: List[DetokenizeMsg]) -> List[UserReply]:
         return [self.detokenize_one(msg) for msg in msgs]
@@ -84,12 +86,28 @@ class DetokenizeManager:
         text = self._decode(s.decoded_ids[s.surr_offset :], s.skip_special_tokens)
         if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
             self._commit_text(s, text[len(prefix) :], len(s.decoded_ids))
-        elif len(s.decoded_ids) - s.read_offset > _UNFINISHED_TOKENS and text.endswith(_REPLACEMENT):
+        elif text.endswith(_REPLACEMENT) and (end := self._unfinished_start(s)) is not None:
             # invalid bytes held: all but the last tokens' text, where it is the start of the window's
-            read_offset = len(s.decoded_ids) - _UNFINISHED_TOKENS
-            cut = self._decode(s.decoded_ids[s.surr_offset : read_offset], s.skip_special_tokens)
+            cut = self._decode(s.decoded_ids[s.surr_offset : end], s.skip_special_tokens)
             if len(cut) > len(prefix) and cut.startswith(prefix) and text.startswith(cut):
-                self._commit_text(s, cut[len(prefix) :], read_offset)
+                self._commit_text(s, cut[len(prefix) :], end)
+
+    def _unfinished_start(self, s: DecodeStatus) -> int | None:
+        """Where the held ids' last 3 tokens with text begin (the ones that can hold an unfinished character's
+        start) when more are held, else None. A token whose text alone is empty (a skipped special token) carries no
+        byte and does not count: a character's bytes may sit on both sides of it."""
+        with_text = 0
+        for i in range(len(s.decoded_ids) - 1, s.read_offset - 1, -1):
+            key = (s.decoded_ids[i], s.skip_special_tokens)
+            if key not in self._has_text:
+                self._has_text[key] = self._decode([key[0]], s.skip_special_tokens) != ""
+            if self._has_text[key]:
+                with_text += 1
+                if with_text == _UNFINISHED_TOKENS:
+                    start = i
+                elif with_text > _UNFINISHED_TOKENS:
+                    return start
+        return None
 
     @staticmethod
     def _commit_text(s: DecodeStatus, text: str, read_offset: int) -> None:

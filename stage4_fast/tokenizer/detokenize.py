@@ -7,7 +7,8 @@ tokens of left context so tokenizers that drop a leading space when decoding a l
 the last token whatever remains is flushed, so the concatenated stream equals decoding all ids at once.
 
 A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
-start of a character that later tokens complete. When 4 or more tokens are held and the text still ends in U+FFFD,
+start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries
+none and is not counted). When 4 or more tokens are held and the text still ends in U+FFFD,
 the bytes before those last 3 are invalid UTF-8 (a random model's lone continuation bytes, say), which no later
 token can mend: their text, U+FFFD included, is committed as decoding all ids would give it, instead of holding
 the stream until the request ends (vLLM and SGLang hold it).
@@ -58,6 +59,7 @@ class DetokenizeManager:
         self.decode_map: Dict[int, DecodeStatus] = {}
         self._decode_batch = batch_decoder(tokenizer)
         self._token_text: Dict[int, str] = {}  # token id -> its text alone, for logprobs (at most the vocabulary)
+        self._has_text: Dict[Tuple[int, bool], bool] = {}  # (token id, skip_special_tokens) -> decodes to text alone
 
     def detokenize(self, msgs: List[DetokenizeMsg]) -> List[UserReply]:
         # a batch may hold several steps (the worker drains its queue): one request's messages stay in order
@@ -117,14 +119,31 @@ class DetokenizeManager:
         for (s, flush), prefix, text in zip(pending, texts, texts[len(pending) :]):
             if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
                 self._commit_text(s, text[len(prefix) :], len(s.decoded_ids))
-            elif len(s.decoded_ids) - s.read_offset > _UNFINISHED_TOKENS and text.endswith(_REPLACEMENT):
-                held.append((s, prefix, text))
+            elif text.endswith(_REPLACEMENT) and (end := self._unfinished_start(s)) is not None:
+                held.append((s, prefix, text, end))
         if held:  # rare (invalid bytes): all but the last tokens' text, where it is the start of the window's
-            cuts = self._decode_batch([s.decoded_ids[s.surr_offset : -_UNFINISHED_TOKENS] for s, _, _ in held],
+            cuts = self._decode_batch([s.decoded_ids[s.surr_offset : end] for s, _, _, end in held],
                                       skip_special_tokens)
-            for (s, prefix, text), cut in zip(held, cuts):
+            for (s, prefix, text, end), cut in zip(held, cuts):
                 if len(cut) > len(prefix) and cut.startswith(prefix) and text.startswith(cut):
-                    self._commit_text(s, cut[len(prefix) :], len(s.decoded_ids) - _UNFINISHED_TOKENS)
+                    self._commit_text(s, cut[len(prefix) :], end)
+
+    def _unfinished_start(self, s: DecodeStatus) -> int | None:
+        """Where the held ids' last 3 tokens with text begin (the ones that can hold an unfinished character's
+        start) when more are held, else None. A token whose text alone is empty (a skipped special token) carries no
+        byte and does not count: a character's bytes may sit on both sides of it."""
+        with_text = 0
+        for i in range(len(s.decoded_ids) - 1, s.read_offset - 1, -1):
+            key = (s.decoded_ids[i], s.skip_special_tokens)
+            if key not in self._has_text:
+                self._has_text[key] = self._decode_batch([[key[0]]], s.skip_special_tokens)[0] != ""
+            if self._has_text[key]:
+                with_text += 1
+                if with_text == _UNFINISHED_TOKENS:
+                    start = i
+                elif with_text > _UNFINISHED_TOKENS:
+                    return start
+        return None
 
     @staticmethod
     def _commit_text(s: DecodeStatus, text: str, read_offset: int) -> None:
