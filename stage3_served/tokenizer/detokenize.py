@@ -8,10 +8,10 @@ the last token whatever remains is flushed, so the concatenated stream equals de
 
 A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
 start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries
-none and is not counted). When 4 or more tokens are held and the text still ends in U+FFFD,
-the bytes before those last 3 are invalid UTF-8 (a random model's lone continuation bytes, say), which no later
-token can mend: their text, U+FFFD included, is committed as decoding all ids would give it, instead of holding
-the stream until the request ends (vLLM and SGLang hold it).
+none and is not counted). When more are held and the text still ends in U+FFFD (bytes that are no UTF-8, such as a
+random model's lone continuation bytes), the text of the tokens before those 3 can no longer change: it is
+committed, U+FFFD included, as decoding all ids gives it, instead of holding the stream until the request ends
+(vLLM's and SGLang's detokenizers hold it).
 """
 
 from __future__ import annotations

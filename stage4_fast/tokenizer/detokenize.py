@@ -8,10 +8,10 @@ the last token whatever remains is flushed, so the concatenated stream equals de
 
 A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
 start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries
-none and is not counted). When 4 or more tokens are held and the text still ends in U+FFFD,
-the bytes before those last 3 are invalid UTF-8 (a random model's lone continuation bytes, say), which no later
-token can mend: their text, U+FFFD included, is committed as decoding all ids would give it, instead of holding
-the stream until the request ends (vLLM and SGLang hold it).
+none and is not counted). When more are held and the text still ends in U+FFFD (bytes that are no UTF-8, such as a
+random model's lone continuation bytes), the text of the tokens before those 3 can no longer change: it is
+committed, U+FFFD included, as decoding all ids gives it, instead of holding the stream until the request ends
+(vLLM's and SGLang's detokenizers hold it).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class DetokenizeManager:
         windows = [s.decoded_ids[s.surr_offset : s.read_offset] for s, _ in pending]
         windows += [s.decoded_ids[s.surr_offset :] for s, _ in pending]
         texts = self._decode_batch(windows, skip_special_tokens)
-        held = []  # (status, prefix, text) of windows that end in half a character after more tokens than one needs
+        held = []  # (status, prefix, text, end) of windows ending in U+FFFD after more tokens than a character needs
         for (s, flush), prefix, text in zip(pending, texts, texts[len(pending) :]):
             if len(text) > len(prefix) and (flush or not text.endswith(_REPLACEMENT)):
                 self._commit_text(s, text[len(prefix) :], len(s.decoded_ids))
