@@ -22,6 +22,9 @@ class SchedulerConfig(EngineConfig):
     # state as for a prompt's next chunk) instead of in steps of their own, so a burst of prompts neither stalls
     # them nor alternates prefill and decode steps. The prefill budget counts their tokens.
     enable_mixed_chunk: bool = False
+    # SGLang's --stream-interval: a request's tokens go to the detokenizer every N steps, its first and last at once
+    # (scheduler/stream_interval.py); 1 = every token as it comes
+    stream_interval: int = 1
     # Upstream switches overlap scheduling only through MINISGL_DISABLE_OVERLAP_SCHEDULING; a field lets one process
     # hold schedulers of both kinds (tests). The environment variable still turns it off.
     overlap_scheduling: bool = True

@@ -53,6 +53,7 @@ from .config import SchedulerConfig
 from .decode import DecodeManager
 from .io import SchedulerIOMixin
 from .prefill import ChunkedReq, PrefillManager, estimated_kv_tokens
+from .stream_interval import StreamInterval
 from .table import TableManager
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class Scheduler(SchedulerIOMixin):
         # uid -> prompt tokens the prefix cache served, from admission to the first token (reported as usage)
         self._cached_prompt: Dict[int, int] = {}
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
+        self.stream_out = StreamInterval(config.stream_interval)  # which of a step's tokens leave now
         super().__init__(config, self.engine.tp_cpu_group)
 
     # -- messages --------------------------------------------------------------------------------------------
@@ -197,7 +199,7 @@ class Scheduler(SchedulerIOMixin):
         self.num_aborted += 1
         self._cached_prompt.pop(uid, None)
         self._forget_api_state(uid)
-        self.send_result([DetokenizeMsg(uid, -1, True, "aborted", "abort")])
+        self.send_result(self.stream_out.release({uid}) + [DetokenizeMsg(uid, -1, True, "aborted", "abort")])
 
     # -- release ---------------------------------------------------------------------------------------------
     def _finish_req(self, req: Req) -> None:
@@ -291,6 +293,8 @@ class Scheduler(SchedulerIOMixin):
 
     def _process_last_data(self, last_data: ForwardData | None) -> None:
         if last_data is None:
+            if held := self.stream_out.release_all():  # nothing in flight (--stream-interval)
+                self.send_result(held)
             return
         fwd_input, fwd_output, length_finished, batch_id = last_data
         fwd_output.copy_done_event.synchronize()
@@ -332,8 +336,8 @@ class Scheduler(SchedulerIOMixin):
                     self.prefill_manager.prefix_cached(req.uid)
             self._done_id = batch_id
             self._release_done()
-        if reply:
-            self.send_result(reply)
+        if out := self.stream_out.step(reply):
+            self.send_result(out)
 
     def _token_logprobs(self, batch: Batch, tokens: List[int], args: LogprobArgs | None,
                         logprobs: BatchLogprobs | None) -> Dict[int, TokenLogprobs]:

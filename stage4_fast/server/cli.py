@@ -178,6 +178,9 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--enable-mixed-chunk", action="store_true",
                    help="running requests take their decode step inside each prefill batch instead of steps of "
                         "their own between prefill chunks (SGLang's flag)")
+    g.add_argument("--stream-interval", type=_positive_int, default=1, metavar="N",
+                   help="a streaming request's tokens leave the scheduler every N steps (its first and last at "
+                        "once): fewer chunks for the API server to write, tokens N at a time (SGLang's flag)")
     g.add_argument("--cache-type", "--cache", dest="cache_type", default="radix", choices=["naive", "radix"],
                    help="radix = reuse the KV of shared prompt prefixes")
     g.add_argument("--disable-radix-cache", dest="cache_type", action="store_const", const="naive",
