@@ -1,6 +1,6 @@
 """SGLang's ``--stream-interval N``: a streaming request's tokens leave the scheduler every N steps instead of every
 step; its first token and its last leave at once (SGLang's ``stream_output``: the first output, a finished request,
-or a step count divisible by N).
+or a step count divisible by N; SGLang counts decode steps, this counter every processed step, prefill ones too).
 
 Every token still reaches the detokenizer, in order; what changes is how often the processes after the scheduler
 wake up for a request. The API server merges the replies that queued up for a request into one chunk, so with N > 1
