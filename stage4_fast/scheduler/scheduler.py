@@ -293,8 +293,6 @@ class Scheduler(SchedulerIOMixin):
 
     def _process_last_data(self, last_data: ForwardData | None) -> None:
         if last_data is None:
-            if held := self.stream_out.release_all():  # nothing in flight (--stream-interval)
-                self.send_result(held)
             return
         fwd_input, fwd_output, length_finished, batch_id = last_data
         fwd_output.copy_done_event.synchronize()
