@@ -218,6 +218,7 @@ SERVER_FLAGS = {  # option -> CLI flag of `python -m <stage>`
     "tp": "--tp", "page_size": "--page-size", "cache_type": "--cache-type",
     "max_extend_tokens": "--max-prefill-length", "cuda_graph_max_bs": "--cuda-graph-max-bs",
     "attention_backend": "--attention-backend", "kv_cache_dtype": "--kv-cache-dtype",
+    "stream_interval": "--stream-interval", "api_server_count": "--api-server-count",  # (stage4 only)
 }
 SERVER_SWITCHES = {"enable_mixed_chunk": "--enable-mixed-chunk"}  # option -> flag given when the option is true
 

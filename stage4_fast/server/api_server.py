@@ -60,24 +60,29 @@ class ClientGone(Exception):
     pass
 
 
-def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
+def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, created: int | None = None,
+               on_ready: Callable[[], None] | None = None) -> FastAPI:
+    """The app of API server process ``api_index`` of ``config.api_server_count``; ``created``: the model's
+    timestamp in /v1/models (the same in every process); ``on_ready`` runs once the app can take requests."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()  # the worker watchdog thread reaches the frontend through it
-        app.state.frontend = FrontendManager(config, metrics)
+        app.state.frontend = FrontendManager(config, metrics, api_index)
+        if on_ready is not None:
+            on_ready()
         try:
             yield
         finally:
             app.state.frontend.shutdown()
 
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(multiprocess=config.api_server_count > 1)
     app = FastAPI(title="mini-sglang stage4_fast", lifespan=lifespan)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_request_bytes=config.max_request_bytes,
                        metrics=metrics)
     app.state.metrics = metrics
     app.state.config = config
     app.state.backend = backend
-    app.state.created = int(time.time())
+    app.state.created = int(time.time()) if created is None else created
     _install_error_handlers(app)
     _add_routes(app)
     install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
@@ -324,7 +329,9 @@ def _add_routes(app: FastAPI) -> None:
             scheduler = await fm.query_stats()
         except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
             raise _unavailable(f"no stats from the scheduler: {e!r}") from None
-        return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight}}
+        # with several API server processes, the frontend figures are those of the one that answered
+        return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight,
+                                                     "api_server": fm.api_index, "api_servers": fm.api_count}}
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(503))
     async def metrics() -> Response:
@@ -334,7 +341,7 @@ def _add_routes(app: FastAPI) -> None:
             scheduler = await fm.query_stats()
         except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
             raise _unavailable(f"no stats from the scheduler: {e!r}") from None
-        return Response(app.state.metrics.render(scheduler, fm.num_requests), media_type=CONTENT_TYPE_LATEST)
+        return Response(app.state.metrics.render(scheduler), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions", responses=error_responses(404, 503, streams=True))
     async def completions(req: CompletionRequest, request: Request) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Tuple
@@ -34,6 +35,7 @@ class ServerArgs(SchedulerConfig):
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
     max_queued_requests: int = 1024  # requests waiting beyond the running ones before new ones get 503
+    api_server_count: int = 1  # HTTP server processes on one port (see launch.py)
     # one model over several machines (SGLang's flags): this machine's index and node 0's "host:port"
     node_rank: int = 0
     dist_init_addr: str | None = None
@@ -54,6 +56,13 @@ class ServerArgs(SchedulerConfig):
     @property
     def zmq_frontend_addr(self) -> str:
         return "ipc:///tmp/minisgl_3" + self._unique_suffix
+
+    @property
+    def zmq_frontend_addrs(self) -> List[str]:
+        """Where each API server process receives its replies; the workers route a reply by ``uid % count``
+        (``FrontendManager`` hands out uids that way)."""
+        first = self.zmq_frontend_addr
+        return [first, *(f"{first}.{i}" for i in range(1, self.api_server_count))]
 
     @property
     def zmq_tokenizer_addrs(self) -> List[str]:
@@ -102,7 +111,7 @@ class ServerArgs(SchedulerConfig):
     def ipc_paths(self) -> List[str]:
         """Files behind the ipc:// addresses, removed at shutdown (a killed process leaves them behind)."""
         addrs = [self.zmq_backend_addr, self.zmq_detokenizer_addr, self.zmq_scheduler_broadcast_addr,
-                 self.zmq_frontend_addr, *self.zmq_tokenizer_addrs]
+                 *self.zmq_frontend_addrs, *self.zmq_tokenizer_addrs]
         return [a.removeprefix("ipc://") for a in addrs if a.startswith("ipc://")]
 
 
@@ -125,6 +134,14 @@ def _multi_node_problem(tp: int, nnodes: int, node_rank: int, dist_init_addr: st
         socket.gethostbyname(host)
     except (ValueError, OSError) as e:
         return f"--dist-init-addr {dist_init_addr}: {e}"
+    return None
+
+
+def _api_servers_problem(shell: bool) -> str | None:
+    if shell:
+        return "the shell serves no HTTP"
+    if not sys.platform.startswith("linux"):  # the kernel spreads the connections over the processes' sockets
+        return "several API server processes need Linux (SO_REUSEPORT)"
     return None
 
 
@@ -160,6 +177,8 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     except StartupError as e:
         parser.error(str(e))
     shell = kwargs.pop("shell")
+    if kwargs["api_server_count"] > 1 and (why := _api_servers_problem(shell)):
+        parser.error(f"--api-server-count {kwargs['api_server_count']}: {why}")
     tp = kwargs.pop("tp")
     served, aliases = _model_ids(given_model, model_path, kwargs.pop("served_model_name"))
     if shell:  # one conversation: one request slot, no batching

@@ -210,6 +210,9 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY") or None, metavar="KEY",
                    help="require 'Authorization: Bearer <key>' on every endpoint but /health "
                         "(default: $MINISGL_API_KEY; unset = no auth)")
+    g.add_argument("--api-server-count", type=_positive_int, default=1, metavar="N",
+                   help="HTTP server processes sharing the port (vLLM's flag); each streams the requests of its own "
+                        "connections, so a burst's HTTP work spreads over N cores (Linux)")
     g.add_argument("--max-request-bytes", type=_positive_int, default=1 << 20, metavar="BYTES",
                    help="larger request bodies get 413")
     g.add_argument("--max-queued-requests", type=_positive_int, default=1024, metavar="N",

@@ -39,22 +39,27 @@ class QueueFull(Exception):
 
 
 class FrontendManager:
-    """Must be created inside the event loop that uses it (zmq.asyncio sockets belong to a loop)."""
+    """Must be created inside the event loop that uses it (zmq.asyncio sockets belong to a loop).
 
-    def __init__(self, config: ServerArgs, metrics: ServerMetrics | None = None) -> None:
+    With ``--api-server-count N`` the API server process ``api_index`` hands out the uids ``api_index + k * N``: a
+    worker routes each reply by ``uid % N`` to the process that waits for it, and no two processes share a uid."""
+
+    def __init__(self, config: ServerArgs, metrics: ServerMetrics | None = None, api_index: int = 0) -> None:
         self.config = config
         self.metrics = metrics
-        # requests admitted at once: the running ones plus a bounded queue (not upstream, whose queue had no end)
-        self.max_requests = config.max_running_req + config.max_queued_requests
+        self.api_index, self.api_count = api_index, config.api_server_count
+        # requests admitted at once: the running ones plus a bounded queue (not upstream, whose queue had no end),
+        # shared out over the API server processes
+        self.max_requests = -(-(config.max_running_req + config.max_queued_requests) // self.api_count)
         self.num_requests = 0
         self.submit_time: Dict[int, float] = {}
         self.send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]] = [
             ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs
         ]
         self.recv_tokenizer: ZmqAsyncPullQueue[BaseFrontendMsg] = ZmqAsyncPullQueue(
-            config.zmq_frontend_addr, True, BaseFrontendMsg.decoder
+            config.zmq_frontend_addrs[api_index], True, BaseFrontendMsg.decoder
         )
-        self.uid_counter = itertools.count()
+        self.uid_counter = itertools.count(api_index, self.api_count)
         # uid -> its replies; None in a queue means "the backend is gone"
         self.ack_map: Dict[int, asyncio.Queue[UserReply | StatsReply | None]] = {}
         self.dead_reason: str | None = None
@@ -75,8 +80,9 @@ class FrontendManager:
                     queue.put_nowait(reply)
 
     def _send(self, uid: int, msg: BaseTokenizerMsg) -> None:
-        # a request and its abort take the same worker, so they stay in order (upstream could reorder them)
-        self.send_tokenizer[uid % len(self.send_tokenizer)].put_nowait(msg)
+        # a request and its abort take the same worker, so they stay in order (upstream could reorder them);
+        # uid // api_count: this process's own uids take every worker in turn
+        self.send_tokenizer[uid // self.api_count % len(self.send_tokenizer)].put_nowait(msg)
 
     def _new_uid(self) -> int:
         if self.dead_reason is not None:
@@ -92,6 +98,8 @@ class FrontendManager:
             raise QueueFull(f"{self.num_requests} requests are in flight, the limit is {self.max_requests}")
         uid = self._new_uid()
         self.num_requests += 1
+        if self.metrics is not None:
+            self.metrics.inflight.set(self.num_requests)
         self.submit_time[uid] = time.perf_counter()
         try:
             self._send(uid, TokenizeMsg(uid, prompt, sampling_params))
@@ -147,6 +155,8 @@ class FrontendManager:
     def _release(self, uid: int) -> None:
         if self.submit_time.pop(uid, None) is not None:
             self.num_requests -= 1
+            if self.metrics is not None:
+                self.metrics.inflight.set(self.num_requests)
 
     def abort_user(self, uid: int) -> None:
         """Synchronous on purpose: it runs in ``finally`` blocks of cancelled tasks, where awaiting is unsafe."""

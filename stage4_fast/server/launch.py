@@ -1,7 +1,8 @@
 """Start the worker processes, wait until each is ready, serve, and take everything down on the way out.
 
 Processes: this one (API server or shell) -> tokenizer worker(s) -> scheduler rank 0 (-> ranks 1..tp-1) ->
-detokenizer -> this one. With ``--num-tokenizer 0`` (default) one worker both tokenizes and detokenizes.
+detokenizer -> this one. With ``--num-tokenizer 0`` (default) one worker both tokenizes and detokenizes. With
+``--api-server-count N`` (N > 1) N API server processes serve the port and this one only watches.
 
 Lifecycle rules (upstream had none of them):
 * ready means every worker acknowledged (the HTTP port opens only then);
@@ -21,19 +22,22 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import queue
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
+import time
 from dataclasses import replace
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Tuple
 
 from ..distributed import DistributedInfo
 from ..utils.process import freeze_startup_heap, setup_worker_process
 from .args import ServerArgs, parse_args, split_host_port
 from .cli import prog_name
 from .nodes import NodeLink
-from .preflight import StartupError, bind_listener, check_port_free
+from .preflight import StartupError, bind_listener, check_port_free, share_port
 
 logger = logging.getLogger("stage4_fast")
 
@@ -107,6 +111,7 @@ class WorkerSet:
         self.ack_queue = self.ctx.Queue()
         self.procs: List[mp.process.BaseProcess] = []
         self.stopping = False
+        self.metrics_dir: str | None = None  # the API server processes' Prometheus files (start_api_servers)
         self.link: NodeLink | None = None
         # the node link reports a lost machine through this pipe, which the watchdog waits on with the processes
         self._link_reader, self._link_writer = mp.Pipe(duplex=False)
@@ -130,7 +135,7 @@ class WorkerSet:
             rank_config = replace(c, tp_info=DistributedInfo(rank, tp))
             targets.append((f"minisgl-TP{rank}-scheduler", _run_scheduler, (rank_config, self.ack_queue, pid)))
         common = dict(tokenizer_path=c.model_path, backend_addr=c.zmq_backend_addr,
-                      frontend_addr=c.zmq_frontend_addr)
+                      frontend_addrs=c.zmq_frontend_addrs)
         detok = dict(common, addr=c.zmq_detokenizer_addr, create=c.share_tokenizer, local_bs=64,
                      tokenizer_id=c.num_tokenizer)
         role = "tokenizer+detokenizer" if c.share_tokenizer else "detokenizer"  # the process title
@@ -140,6 +145,9 @@ class WorkerSet:
             tok = dict(common, addr=addr, create=True, local_bs=64, tokenizer_id=i)
             args = (tok, self.ack_queue, pid, level, f"tokenizer_{i}")
             targets.append((f"minisgl-tokenizer-{i}", _run_tokenizer, args))
+        self._spawn(targets)
+
+    def _spawn(self, targets: list[tuple[str, Callable, tuple]]) -> None:
         # children inherit an ignored SIGINT through exec (spawn), so Ctrl-C never interrupts them half-way
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -150,6 +158,20 @@ class WorkerSet:
         finally:
             signal.signal(signal.SIGINT, previous)
 
+    def start_api_servers(self, info: dict, listener: socket.socket) -> None:
+        """``--api-server-count N``: start the N API server processes once the workers are ready, and wait until
+        each can take requests. Process 0 takes ``listener`` (bound at start-up), the others sockets of their own
+        on the same port (SO_REUSEPORT). Their Prometheus figures go to a directory removed in ``stop``."""
+        c = self.config
+        share_port(listener)
+        self.metrics_dir = tempfile.mkdtemp(prefix="minisgl_metrics_")
+        created = int(time.time())
+        self._spawn([(f"minisgl-api-server-{i}", _run_api_server,
+                      (c, info, i, listener if i == 0 else None, created, self.metrics_dir, self.ack_queue,
+                       os.getpid()))
+                     for i in range(c.api_server_count)])
+        self._wait_acks(c.api_server_count)
+
     def _death_message(self, proc: mp.process.BaseProcess) -> str:
         code = proc.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
@@ -158,7 +180,9 @@ class WorkerSet:
     def wait_ready(self) -> dict:
         """Block until every worker acknowledged; returns what the scheduler reported."""
         tokenizers = (1 if self.config.share_tokenizer else 1 + self.config.num_tokenizer) if self.serves else 0
-        expected = len(self.config.local_tp_ranks) + tokenizers
+        return self._wait_acks(len(self.config.local_tp_ranks) + tokenizers)
+
+    def _wait_acks(self, expected: int) -> dict:
         info: dict = {}
         while expected:
             try:
@@ -216,6 +240,8 @@ class WorkerSet:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+        if self.metrics_dir is not None:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.ack_queue.close()
         self._link_reader.close()
         self._link_writer.close()
@@ -297,17 +323,21 @@ def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
     return 0 if link is not None and link.lost_cleanly else 1
 
 
-def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener: socket.socket) -> int:
+def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: int | None = None,
+                 on_ready: Callable[[], None] | None = None,
+                 follow_launcher: bool = False) -> Tuple[Any, Callable[[str], None]]:
+    """uvicorn with this process's app, and ``end_requests(reason)``, which ends every request in flight with an
+    error event (from any thread). ``follow_launcher``: an API server process of ``--api-server-count``, which
+    leaves Ctrl-C to the launcher (it stops when the launcher sends SIGTERM)."""
     import uvicorn
 
     from .api_server import BackendInfo, create_app
 
     backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
                           vocab_size=info["vocab_size"])
-    app = create_app(config, backend)
+    app = create_app(config, backend, api_index, created, on_ready)
 
     def end_requests(reason: str) -> None:
-        """From any thread: every in-flight request ends with an error event, new ones get 503."""
         loop = getattr(app.state, "loop", None)
         frontend = getattr(app.state, "frontend", None)
         if loop is not None and frontend is not None:
@@ -317,6 +347,8 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
         def handle_exit(self, sig: int, frame: Any) -> None:
             # uvicorn would re-raise the signal after its shutdown, inside the event loop, which cuts the app's
             # own shutdown short; we stop the same way without the replay (a second Ctrl-C still forces it)
+            if follow_launcher and sig == signal.SIGINT:
+                return  # a terminal sends it to the whole process group; the launcher decides
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             self.should_exit = True
@@ -325,6 +357,13 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
     server = Server(uvicorn.Config(app, host=config.server_host, port=config.server_port,
                                    log_level=config.effective_log_level,
                                    timeout_graceful_shutdown=5))
+    return server, end_requests
+
+
+def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener: socket.socket) -> int:
+    if config.api_server_count > 1:
+        return _watch_api_servers(config, info, workers, listener)
+    server, end_requests = _http_server(config, info)
     died: list[str] = []
 
     def on_death(message: str) -> None:
@@ -338,3 +377,28 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
                 config.server_port)
     server.run(sockets=[listener])
     return 1 if died else 0  # the watchdog has logged which worker died
+
+
+def _watch_api_servers(config: ServerArgs, info: dict, workers: WorkerSet, listener: socket.socket) -> int:
+    """``--api-server-count N``: N processes serve; this one waits until a process exits (a worker or an API
+    server: the watchdog logs which) or Ctrl-C / SIGTERM, then ``launch_server`` stops them all."""
+    workers.start_api_servers(info, listener)
+    listener.close()  # API server 0 holds it now
+    ended: queue.Queue[str] = queue.Queue()
+    workers.watch(ended.put)
+    logger.info("all workers ready; serving %s on http://%s:%d from %d API server processes",
+                config.served_model_name, config.server_host, config.server_port, config.api_server_count)
+    ended.get()  # Ctrl-C / SIGTERM interrupt the wait (KeyboardInterrupt)
+    return 1
+
+
+def _run_api_server(config: ServerArgs, info: dict, index: int, listener: socket.socket | None, created: int,
+                    metrics_dir: str, ack_queue: Any, parent_pid: int) -> None:
+    """API server process ``index`` of ``--api-server-count``."""
+    _worker_setup(parent_pid, config.effective_log_level, f"api_server_{index}")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # before prometheus_client is imported (metrics.py)
+    sock = listener or bind_listener(config.server_host, config.server_port, reuse_port=True)
+    server, _ = _http_server(config, info, index, created, follow_launcher=True,
+                             on_ready=lambda: ack_queue.put({"name": f"api_server_{index}"}))
+    freeze_startup_heap()
+    server.run(sockets=[sock])

@@ -1,8 +1,12 @@
-"""Prometheus figures of one API server (GET /metrics, text format).
+"""Prometheus figures of the API server (GET /metrics, text format).
 
 Counters and histograms are updated as requests pass; the gauges (queue, running requests, KV pages) are read from
 the scheduler's stats at scrape time, so they are never stale. Each app has its own registry: several servers in
 one process (tests) do not collide.
+
+With several API server processes (``--api-server-count``) each writes its figures to files in a directory the
+launcher owns (prometheus_client's multiprocess mode, as vLLM does), and whichever process a scrape reaches sums the
+counters and histograms of all of them; the scheduler's gauges are the latest read, the in-flight gauge the sum.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
+    values,
 )
 
 # latencies of a CPU test model and of a GPU serving a real one both land inside these buckets
@@ -28,9 +34,18 @@ KNOWN_ENDPOINTS = frozenset({"/health", "/v1", "/v1/models", "/v1/stats", "/v1/c
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, multiprocess: bool = False) -> None:
+        """``multiprocess``: $PROMETHEUS_MULTIPROC_DIR was set before prometheus_client was first imported."""
+        if multiprocess and values.ValueClass.__name__ != "MmapedValue":
+            raise RuntimeError("prometheus_client was imported before $PROMETHEUS_MULTIPROC_DIR was set")
+        self.multiprocess = multiprocess
+        # multiprocess: the figures live in the files, not in a registry; a scrape collects them (render)
+        self.registry = None if multiprocess else CollectorRegistry()
         r = self.registry
+
+        def gauge(name: str, help: str, mode: str = "mostrecent") -> Gauge:  # mode: see the module docstring
+            return Gauge(name, help, registry=r, multiprocess_mode=mode)
+
         self.requests = Counter("minisgl_http_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("minisgl_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("minisgl_generation_tokens", "tokens generated", registry=r)
@@ -40,24 +55,28 @@ class ServerMetrics:
                              buckets=_ITL_BUCKETS, registry=r)
         self.rejected = Counter("minisgl_rejected_requests", "requests refused because the queue was full",
                                 registry=r)
-        self.queue = Gauge("minisgl_num_queued_requests", "requests waiting for prefill", registry=r)
-        self.running = Gauge("minisgl_num_running_requests", "requests decoding", registry=r)
-        self.inflight = Gauge("minisgl_num_inflight_requests", "requests the API server waits on", registry=r)
-        self.kv_total = Gauge("minisgl_kv_pages_total", "KV pool pages", registry=r)
-        self.kv_free = Gauge("minisgl_kv_pages_free", "KV pages free", registry=r)
-        self.kv_evictable = Gauge("minisgl_kv_pages_evictable", "KV pages held only by the prefix cache", registry=r)
-        self.kv_usage = Gauge("minisgl_kv_usage_ratio", "1 - (free + evictable) / total", registry=r)
+        self.queue = gauge("minisgl_num_queued_requests", "requests waiting for prefill")
+        self.running = gauge("minisgl_num_running_requests", "requests decoding")
+        # kept current by the FrontendManager, so that a scrape of one process can sum the live ones
+        self.inflight = gauge("minisgl_num_inflight_requests", "requests the API servers wait on", "livesum")
+        self.kv_total = gauge("minisgl_kv_pages_total", "KV pool pages")
+        self.kv_free = gauge("minisgl_kv_pages_free", "KV pages free")
+        self.kv_evictable = gauge("minisgl_kv_pages_evictable", "KV pages held only by the prefix cache")
+        self.kv_usage = gauge("minisgl_kv_usage_ratio", "1 - (free + evictable) / total")
 
     def count_request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in KNOWN_ENDPOINTS else "other", str(status)).inc()
 
-    def render(self, stats: Dict[str, Any], inflight: int) -> bytes:
+    def render(self, stats: Dict[str, Any]) -> bytes:
         total = stats["num_pages"]
         self.queue.set(stats["pending_reqs"])
         self.running.set(stats["running_reqs"])
-        self.inflight.set(inflight)
         self.kv_total.set(total)
         self.kv_free.set(stats["free_pages"])
         self.kv_evictable.set(stats["evictable_pages"])
         self.kv_usage.set(1.0 - (stats["free_pages"] + stats["evictable_pages"]) / total if total else 0.0)
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)

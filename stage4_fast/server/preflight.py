@@ -58,11 +58,14 @@ def _address(host: str, port: int) -> tuple:
     return infos[0]
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    """A socket bound to (host, port), not yet listening; uvicorn listens on it once the server is ready."""
+def bind_listener(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A socket bound to (host, port), not yet listening; uvicorn listens on it once the server is ready.
+    ``reuse_port``: join the sockets of the other API server processes on that port (``share_port``)."""
     family, kind, proto, _, addr = _address(host, port)
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart is not blocked by TIME_WAIT
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(addr)
     except OSError as e:
@@ -70,6 +73,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
         raise StartupError(f"cannot listen on {host}:{port}: {e.strerror} (is another server running there? "
                            "pick another --port)") from None
     return sock
+
+
+def share_port(sock: socket.socket) -> None:
+    """Let other sockets of this user bind the port of ``sock`` (bound without the option, so the port was checked
+    free) with ``reuse_port``: once they listen, Linux hashes each new connection to one of them."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 
 
 def check_port_free(host: str, port: int, what: str, flag: str = "--port") -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 from ..message import (
     AbortBackendMsg,
@@ -47,18 +47,21 @@ def tokenize_worker(
     addr: str,
     create: bool,
     backend_addr: str,
-    frontend_addr: str,
+    frontend_addrs: List[str],
     local_bs: int,
     tokenizer_id: int = -1,
     ack_queue: Any = None,
 ) -> None:
-    """Pull requests (from the API server) and tokens (from scheduler rank 0) on ``addr``; push token ids to the
-    scheduler and text to the API server. One worker may do both jobs (upstream's shared mode)."""
+    """Pull requests (from the API servers) and tokens (from scheduler rank 0) on ``addr``; push token ids to the
+    scheduler and text to the API server that owns the request (``uid % len(frontend_addrs)``, see
+    ``FrontendManager``). One worker may do both jobs (upstream's shared mode)."""
     tokenizer = load_tokenizer(tokenizer_path)
     tokenize_manager = TokenizeManager(tokenizer)
     detokenize_manager = DetokenizeManager(tokenizer)
     send_backend: ZmqPushQueue[BaseBackendMsg] = ZmqPushQueue(backend_addr, False, BaseBackendMsg.encoder)
-    send_frontend: ZmqPushQueue[BaseFrontendMsg] = ZmqPushQueue(frontend_addr, False, BaseFrontendMsg.encoder)
+    send_frontend: List[ZmqPushQueue[BaseFrontendMsg]] = [
+        ZmqPushQueue(a, False, BaseFrontendMsg.encoder) for a in frontend_addrs
+    ]
     recv: ZmqPullQueue[BaseTokenizerMsg] = ZmqPullQueue(addr, create, BaseTokenizerMsg.decoder)
     freeze_startup_heap()  # before the ack: the first request must not wait for its collection
     if ack_queue is not None:
@@ -69,13 +72,23 @@ def tokenize_worker(
             while len(msgs) < local_bs and not recv.empty():
                 msgs.extend(_unwrap(recv.get()))
             to_frontend, to_backend = _handle(msgs, tokenize_manager, detokenize_manager)
-            if to_frontend:
-                send_frontend.put(_wrap(to_frontend, BatchFrontendMsg))
+            for index, replies in _by_api_server(to_frontend, len(send_frontend)):
+                send_frontend[index].put(_wrap(replies, BatchFrontendMsg))
             if to_backend:
                 send_backend.put(_wrap(to_backend, BatchBackendMsg))
     finally:
-        for queue in (recv, send_backend, send_frontend):
+        for queue in (recv, send_backend, *send_frontend):
             queue.stop()
+
+
+def _by_api_server(replies: List[BaseFrontendMsg], count: int) -> List[Tuple[int, List[BaseFrontendMsg]]]:
+    """(API server index, its replies in order) for each API server that has any."""
+    if count == 1:
+        return [(0, replies)] if replies else []
+    groups: Dict[int, List[BaseFrontendMsg]] = {}
+    for reply in replies:
+        groups.setdefault(reply.uid % count, []).append(reply)
+    return list(groups.items())
 
 
 def _handle(

@@ -1,0 +1,145 @@
+"""`--api-server-count N`: N API server processes on one port, the work spread over them, one server to the client
+(answers, usage, /metrics) and to the lifecycle rules (signals, a process that dies)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from stage4_fast.harness import server_process
+from stage4_fast.message import UserReply
+from stage4_fast.server import parse_args
+from stage4_fast.tokenizer.server import _by_api_server
+
+API_SERVERS = ["--api-server-count", "2"]
+TITLES = ["minisgl::api_server_0", "minisgl::api_server_1", "minisgl::scheduler_0", "minisgl::tokenizer+detokenizer"]
+
+
+def _titles(pid: int) -> list[str]:
+    titles = []
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            titles.append(" ".join(proc.cmdline()).strip())  # setproctitle pads the title with spaces
+        except psutil.Error:
+            pass
+    return sorted(t for t in titles if t.startswith("minisgl::"))
+
+
+def _child(pid: int, title: str) -> psutil.Process:
+    return next(p for p in psutil.Process(pid).children(recursive=True) if " ".join(p.cmdline()).strip() == title)
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _streamed(base_url: str, body: dict) -> tuple[str, dict]:
+    """One streamed completion on a new connection: its text and its usage chunk."""
+    text, usage = "", None
+    with httpx.stream("POST", f"{base_url}/v1/completions", json={**body, "stream": True,
+                                                                   "stream_options": {"include_usage": True}},
+                      timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = httpx.Response(200, content=line[6:]).json()
+                text += "".join(c["text"] for c in chunk["choices"])
+                usage = chunk.get("usage") or usage
+    return text, usage
+
+
+def test_routing_keeps_each_api_servers_replies_in_order():
+    replies = [UserReply(uid, str(uid), False) for uid in (4, 1, 6, 3, 2, 7)]
+    assert _by_api_server(replies, 1) == [(0, replies)]
+    assert _by_api_server([], 1) == []
+    groups = dict(_by_api_server(replies, 2))
+    assert [r.uid for r in groups[0]] == [4, 6, 2] and [r.uid for r in groups[1]] == [1, 3, 7]
+
+
+def test_the_shell_takes_no_api_servers(capsys, tiny_dir):
+    with pytest.raises(SystemExit):
+        parse_args(["--model", str(tiny_dir), "--shell", *API_SERVERS])
+    assert "--api-server-count 2: the shell serves no HTTP" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--model", str(tiny_dir), "--api-server-count", "0"])
+    assert parse_args(["--model", str(tiny_dir), *API_SERVERS])[0].api_server_count == 2
+
+
+def test_two_api_servers_answer_as_one(tiny_dir):
+    body = {"prompt": "The capital of France is", "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+    with server_process(str(tiny_dir)) as one:
+        expected, _ = _streamed(one.base_url, body)
+    with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
+        assert _titles(server.proc.pid) == TITLES
+        # every connection is new: the kernel hashes each to one process's socket
+        answered_by = {httpx.get(f"{server.base_url}/v1/stats").json()["frontend"]["api_server"] for _ in range(24)}
+        assert answered_by == {0, 1}
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda _: _streamed(server.base_url, body), range(32)))
+        assert {text for text, _ in results} == {expected}  # greedy: every request the single server's text
+        assert all(usage["completion_tokens"] == 12 for _, usage in results)
+        # /metrics from either process sums both: every request and token counted once
+        for _ in range(4):
+            metrics = httpx.get(f"{server.base_url}/metrics").text
+            assert _metric(metrics, 'minisgl_http_requests_total{endpoint="/v1/completions",status="200"}') == 32
+            assert _metric(metrics, "minisgl_generation_tokens_total") == 32 * 12
+            assert _metric(metrics, "minisgl_num_inflight_requests") == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_every_api_server(tiny_dir, sig):
+    with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
+        pid = server.proc.pid
+        workers = psutil.Process(pid).children(recursive=True)
+        metrics_dirs = {p for p in os.listdir("/tmp") if p.startswith("minisgl_metrics_")}
+        assert any(Path("/tmp", d).is_dir() for d in metrics_dirs)
+        if sig == signal.SIGINT:  # Ctrl-C in a terminal reaches the whole process group: the launcher decides
+            os.killpg(pid, signal.SIGINT)
+        else:
+            server.proc.send_signal(sig)
+        assert server.proc.wait(30) == 0
+        _, alive = psutil.wait_procs(workers, timeout=15)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+        assert not [p for p in os.listdir("/tmp") if p.startswith("minisgl_") and f".pid={pid}" in p]
+        assert not any(Path("/tmp", d).exists() for d in metrics_dirs)
+        assert "Traceback" not in server.log()
+
+
+def test_a_dead_worker_ends_the_streams_of_every_api_server(tiny_dir):
+    with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
+        pid = server.proc.pid
+        body = {"prompt": "hello", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        streaming = threading.Barrier(9)  # the 8 streams, each past its first chunk, and this thread
+
+        def stream() -> list[str]:
+            with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data: {"))
+                streaming.wait(30)
+                return [first, *(line for line in lines if line)]
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            streams = [pool.submit(stream) for _ in range(8)]
+            streaming.wait(30)
+            _child(pid, "minisgl::scheduler_0").kill()
+            results = [done.result() for done in streams]
+        for lines in results:  # on either process (8 connections, 2 sockets): an error event, then the end
+            assert lines[-1] == "data: [DONE]" and '"error"' in lines[-2]
+        assert server.proc.wait(30) == 1
+        assert re.search(r"worker minisgl-\S+ \(pid \d+\) was killed by signal 9; shutting the server down",
+                         server.log())
+
+
+def test_a_dead_api_server_brings_the_server_down(tiny_dir):
+    with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
+        _child(server.proc.pid, "minisgl::api_server_1").kill()
+        assert server.proc.wait(30) == 1
+        assert re.search(r"worker minisgl-api-server-1 \(pid \d+\) was killed by signal 9", server.log())
