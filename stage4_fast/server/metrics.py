@@ -36,7 +36,7 @@ KNOWN_ENDPOINTS = frozenset({"/health", "/v1", "/v1/models", "/v1/stats", "/v1/c
 class ServerMetrics:
     def __init__(self, multiprocess: bool = False) -> None:
         """``multiprocess``: $PROMETHEUS_MULTIPROC_DIR was set before prometheus_client was first imported."""
-        if multiprocess and values.ValueClass.__name__ != "MmapedValue":
+        if multiprocess and values.ValueClass is values.MutexValue:  # (the class of one process's figures)
             raise RuntimeError("prometheus_client was imported before $PROMETHEUS_MULTIPROC_DIR was set")
         self.multiprocess = multiprocess
         # multiprocess: the figures live in the files, not in a registry; a scrape collects them (render)
