@@ -164,7 +164,7 @@ class WorkerSet:
         on the same port (SO_REUSEPORT). Their Prometheus figures go to a directory removed in ``stop``."""
         c = self.config
         share_port(listener)
-        self.metrics_dir = tempfile.mkdtemp(prefix="minisgl_metrics_")
+        self.metrics_dir = tempfile.mkdtemp(prefix=f"minisgl_metrics{c._unique_suffix}.")  # (named as the ipc files)
         created = int(time.time())
         self._spawn([(f"minisgl-api-server-{i}", _run_api_server,
                       (c, info, i, listener if i == 0 else None, created, self.metrics_dir, self.ack_queue,

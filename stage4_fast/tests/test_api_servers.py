@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import threading
-from pathlib import Path
 
 import httpx
 import psutil
@@ -35,6 +34,10 @@ def _titles(pid: int) -> list[str]:
 
 def _child(pid: int, title: str) -> psutil.Process:
     return next(p for p in psutil.Process(pid).children(recursive=True) if " ".join(p.cmdline()).strip() == title)
+
+
+def _own_files(pid: int) -> list[str]:
+    return [p for p in os.listdir("/tmp") if p.startswith("minisgl_") and f".pid={pid}" in p]
 
 
 def _metric(text: str, name: str) -> float:
@@ -101,8 +104,7 @@ def test_a_signal_stops_every_api_server(tiny_dir, sig):
     with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
         pid = server.proc.pid
         workers = psutil.Process(pid).children(recursive=True)
-        metrics_dirs = {p for p in os.listdir("/tmp") if p.startswith("minisgl_metrics_")}
-        assert any(Path("/tmp", d).is_dir() for d in metrics_dirs)
+        assert [p for p in _own_files(pid) if p.startswith("minisgl_metrics")], "the Prometheus files' directory"
         if sig == signal.SIGINT:  # Ctrl-C in a terminal reaches the whole process group: the launcher decides
             os.killpg(pid, signal.SIGINT)
         else:
@@ -110,8 +112,7 @@ def test_a_signal_stops_every_api_server(tiny_dir, sig):
         assert server.proc.wait(30) == 0
         _, alive = psutil.wait_procs(workers, timeout=15)
         assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
-        assert not [p for p in os.listdir("/tmp") if p.startswith("minisgl_") and f".pid={pid}" in p]
-        assert not any(Path("/tmp", d).exists() for d in metrics_dirs)
+        assert _own_files(pid) == []  # ipc files and the Prometheus files' directory
         assert "Traceback" not in server.log()
 
 
