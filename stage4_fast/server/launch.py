@@ -326,9 +326,8 @@ def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
 def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: int | None = None,
                  on_ready: Callable[[], None] | None = None,
                  follow_launcher: bool = False) -> Tuple[Any, Callable[[str], None]]:
-    """uvicorn with this process's app, and ``end_requests(reason)``, which ends every request in flight with an
-    error event (from any thread). ``follow_launcher``: an API server process of ``--api-server-count``, which
-    leaves Ctrl-C to the launcher (it stops when the launcher sends SIGTERM)."""
+    """uvicorn with this process's app, and its ``end_requests(reason)``. ``follow_launcher``: an API server process
+    of ``--api-server-count``, which leaves Ctrl-C to the launcher (it stops when the launcher sends SIGTERM)."""
     import uvicorn
 
     from .api_server import BackendInfo, create_app
@@ -338,6 +337,7 @@ def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: in
     app = create_app(config, backend, api_index, created, on_ready)
 
     def end_requests(reason: str) -> None:
+        """From any thread: every in-flight request ends with an error event, new ones get 503."""
         loop = getattr(app.state, "loop", None)
         frontend = getattr(app.state, "frontend", None)
         if loop is not None and frontend is not None:
@@ -397,7 +397,8 @@ def _run_api_server(config: ServerArgs, info: dict, index: int, listener: socket
     """API server process ``index`` of ``--api-server-count``."""
     _worker_setup(parent_pid, config.effective_log_level, f"api_server_{index}")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # before prometheus_client is imported (metrics.py)
-    sock = listener or bind_listener(config.server_host, config.server_port, reuse_port=True)
+    sock = listener if listener is not None else bind_listener(config.server_host, config.server_port,
+                                                               reuse_port=True)
     server, _ = _http_server(config, info, index, created, follow_launcher=True,
                              on_ready=lambda: ack_queue.put({"name": f"api_server_{index}"}))
     freeze_startup_heap()
