@@ -25,6 +25,10 @@ decode loops at batch 129+ (`host_parts`).
 
 The engine is imported as `stage4_fast` from the path (set PYTHONPATH to compare another copy). On CPU (no --gpu)
 it runs the CPU workload and skips the device timers and the profile: a smoke test of the instrumentation.
+
+`--stub-forward` (CPU) runs the GPU's workload with the engine's forward replaced by an instant token source
+(`bench/stub.py`, default model `models/tiny-qwen3`): the host's part of every loop alone, for working on the
+scheduler's batching, prefix cache and bookkeeping without a GPU (`host_parts` per prefill and decode loop).
 """
 
 from __future__ import annotations
@@ -427,12 +431,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a module constant before the engine starts (e.g. "
                          "stage4_fast.kernel.triton_attention.DECODE_BLOCK_N=128), for A/B runs")
+    ap.add_argument("--stub-forward", action="store_true",
+                    help="CPU: the GPU's workload with an instant forward (the host's work alone)")
     ap.add_argument("--label", default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    model = args.model or ROOT / "models" / ("qwen3-0.6b-shape" if args.gpu else "SmolLM2-135M-Instruct")
+    if args.stub_forward:
+        if args.gpu:
+            ap.error("--stub-forward runs on the CPU (its tokens are host tensors)")
+        from .stub import install_stub_forward
+
+        install_stub_forward(args.stage)
+    default_model = "qwen3-0.6b-shape" if args.gpu else "tiny-qwen3" if args.stub_forward else "SmolLM2-135M-Instruct"
+    model = args.model or ROOT / "models" / default_model
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    w = offline_workload(args.gpu, False, vocab)
+    w = offline_workload(args.gpu or args.stub_forward, False, vocab)
     if args.seqs:
         w = w.head(args.seqs)
     dtype = torch.bfloat16 if args.gpu else torch.float32

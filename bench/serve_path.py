@@ -39,25 +39,10 @@ def _run_stub_scheduler(config, ack_queue, parent_pid: int, stage: str, step_s: 
     engine's forward replaced by an instant token source."""
     import importlib
 
-    import torch
+    from .stub import install_stub_forward
 
     launch = importlib.import_module(f"{stage}.server.launch")  # fresh in this spawned process: the real entry
-    engine_mod = importlib.import_module(f"{stage}.engine.engine")
-    record_event = importlib.import_module(f"{stage}.utils.device").record_event
-
-    def forward_batch(engine, batch, args, before_sampling=None):
-        if step_s:
-            time.sleep(step_s)
-        for req in batch.reqs:
-            req.complete_one()
-        if before_sampling is not None:  # stage4: the scheduler's bookkeeping of a launched batch
-            before_sampling()
-        vocab = engine.config.model_config.vocab_size
-        tokens = [100 + (req.uid * 7919 + req.device_len * 104729) % (vocab - 200) for req in batch.reqs]
-        t = torch.tensor(tokens, dtype=torch.int32)
-        return engine_mod.ForwardOutput(t, t, record_event(engine.device))
-
-    engine_mod.Engine.forward_batch = forward_batch
+    install_stub_forward(stage, step_s)
     launch._run_scheduler(config, ack_queue, parent_pid)
 
 

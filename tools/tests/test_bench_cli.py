@@ -109,3 +109,22 @@ def test_layer_chain_cutlass_variants_are_asked_for_by_name_and_checked_against_
     assert fake.cutlass == "128x128-cooperative" and fake.tiles is None
     chain.set_variant(fake, "triton-narrow")
     assert fake.cutlass is None and fake.tiles == chain.TRITON_TILES["narrow"][64]
+
+
+def test_breakdown_with_a_stub_forward_times_the_hosts_part_of_the_gpu_workload(tmp_path):
+    """`python -m bench breakdown --stub-forward`: the GPU's workload (here its first 8 requests) through the real
+    scheduler on the CPU, the forward an instant token source; every request gets its length, every loop its parts."""
+    models = REPO / "models"
+    if not (models / "tiny-qwen3" / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "models", "make", "tiny-qwen3"], cwd=REPO, check=True)
+    out = tmp_path / "breakdown.json"
+    run = subprocess.run([sys.executable, "-m", "bench", "breakdown", "--stub-forward", "--seqs", "8", "--json",
+                          str(out), "--options", '{"attention_backend": "triton"}'],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    timed = json.loads(out.read_text())["timed"]
+    assert timed["wrong_lengths"] == 0 and timed["output_tokens"] > 8 * 100  # the GPU workload's lengths
+    assert timed["host_parts"]["launched prefill"]["loops"] >= 1
+    bad = subprocess.run([sys.executable, "-m", "bench", "breakdown", "--stub-forward", "--gpu"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--stub-forward runs on the CPU" in bad.stderr
