@@ -38,6 +38,8 @@ def describe(config: ServerArgs) -> str:
     graphs = f"{kind} graphs up to batch {max(sizes)}" if sizes else "no graphs"
     tp, ranks = config.tp_info.size, config.local_tp_ranks
     where = f"http://{config.server_host}:{config.server_port}"
+    if config.api_server_count > 1:
+        where += f" ({config.api_server_count} API server processes)"
     if config.nnodes > 1:
         where = (f"node {config.node_rank} of {config.nnodes} (TP ranks {ranks[0]}..{ranks[-1]}), "
                  + (where if config.node_rank == 0 else f"following node 0 at {config.dist_init_addr}"))

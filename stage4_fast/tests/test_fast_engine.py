@@ -168,7 +168,9 @@ def test_serve_reports_the_cpu_defaults(qwen3):
     for part in ("on cpu", "tp 2", "attention torch", "no graphs", "KV cache float32"):
         assert part in text
     config, _ = parse_args(["--model", str(qwen3), "--kv-cache-dtype", "fp8_e5m2"])
-    assert "KV cache fp8_e5m2" in describe(config)
+    assert "KV cache fp8_e5m2" in describe(config) and "API server" not in describe(config)
+    config, _ = parse_args(["--model", str(qwen3), "--api-server-count", "2", "--port", "8000"])
+    assert describe(config).endswith("http://127.0.0.1:8000 (2 API server processes)")
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
