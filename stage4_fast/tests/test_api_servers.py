@@ -146,3 +146,15 @@ def test_a_dead_api_server_brings_the_server_down(tiny_dir):
         _child(server.proc.pid, "minisgl::api_server_1").kill()
         assert server.proc.wait(30) == 1
         assert re.search(r"worker minisgl-api-server-1 \(pid \d+\) was killed by signal 9", server.log())
+
+
+def test_an_api_server_leaves_ctrl_c_to_the_launcher(tiny_dir):
+    """A terminal's Ctrl-C reaches every process of the group; an API server process ignores it (the launcher
+    decides, as for the workers), so a SIGINT to it alone stops nothing."""
+    with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
+        child = _child(server.proc.pid, "minisgl::api_server_1")
+        child.send_signal(signal.SIGINT)
+        with pytest.raises(psutil.TimeoutExpired):
+            child.wait(2)
+        assert {httpx.get(f"{server.base_url}/v1/stats").json()["frontend"]["api_server"] for _ in range(24)} == {0, 1}
+        assert server.proc.poll() is None

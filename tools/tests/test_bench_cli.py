@@ -122,8 +122,13 @@ def test_breakdown_with_a_stub_forward_times_the_hosts_part_of_the_gpu_workload(
                           str(out), "--options", '{"attention_backend": "triton"}'],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    timed = json.loads(out.read_text())["timed"]
+    res = json.loads(out.read_text())
+    timed = res["timed"]
     assert timed["wrong_lengths"] == 0 and timed["output_tokens"] > 8 * 100  # the GPU workload's lengths
+    # the stub's tokens, not a model's: a request's next token is its last one + 104729 (mod vocab - 200)
+    step = 104729 % (49152 - 200)
+    for tokens in res["first_tokens"]:
+        assert all((b - a) % (49152 - 200) == step for a, b in zip(tokens, tokens[1:])), tokens
     assert timed["host_parts"]["launched prefill"]["loops"] >= 1
     bad = subprocess.run([sys.executable, "-m", "bench", "breakdown", "--stub-forward", "--gpu"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
