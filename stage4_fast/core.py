@@ -17,6 +17,7 @@ import torch
 if TYPE_CHECKING:
     from .attention.base import BaseAttnBackend, BaseAttnMetadata
     from .attention.hybrid_linear import LinearAttnMetadata
+    from .attention.utils import SeqLens
     from .kvcache.base import BaseCacheHandle, BaseKVCachePool
     from .moe import BaseMoeBackend
 
@@ -62,6 +63,13 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
+    def uses_api_fields(self) -> bool:
+        """Whether the request asks for any of the fields the sampler builds tensors for besides temperature and
+        top-k/p/min-p (logit bias, penalties, logprobs: ``Sampler._prepare_api_fields``; a field added there is
+        added here). A grammar is asked of the grammar backend instead."""
+        return bool(self.logit_bias) or self.logprobs is not None or self.has_penalty
+
+    @property
     def wants_prompt_logprobs(self) -> bool:
         return self.echo and self.logprobs is not None
 
@@ -80,12 +88,17 @@ class Req:
         assert self.input_ids.device.type == "cpu", "Req.input_ids must live on the host"
         self.device_len = len(self.input_ids)
         self.max_device_len = len(self.input_ids) + self.output_len
+        # asked by the sampler of every request at every step (its fast path); a request's parameters do not
+        # change once it is admitted
+        params = self.sampling_params
+        self.samples_plain_greedy = params.is_greedy and not params.uses_api_fields
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len
         # once a token was appended, the ids live in _host_buf[:_host_len]; input_ids is that view, built when read
         self._host_buf: torch.Tensor | None = None
         self._host_np: np.ndarray | None = None  # the same memory as _host_buf
         self._host_view: torch.Tensor | None = None
         self._host_len = 0
+        self._host_capacity = 0  # _host_buf's length, as an int
 
     def __getattr__(self, name: str) -> torch.Tensor:
         # Called only for an attribute missing from the instance: input_ids after append_host dropped it.
@@ -122,23 +135,28 @@ class Req:
     def append_host(self, next_token: torch.Tensor | int) -> None:
         """Append one token to input_ids. The ids live in a host buffer with spare room (grown by doubling, up to
         max_device_len), so an append is a store instead of a copy of the whole row: the scheduler does this for
-        every running request at every step. The store goes through a numpy view of the buffer (~0.05 us where a
-        tensor element store takes ~1.5), and input_ids, the view of the filled part, is built only when it is next
-        read (__getattr__; a view costs ~2.5 us, and nothing reads a running request's ids at every step). Earlier
-        views of input_ids never change (only positions past their end are written)."""
-        ids = self.__dict__.get("input_ids")  # None: the view was not read since the last append
-        buf = self._host_buf
-        if buf is None or (ids is not None and ids is not self._host_view) or self._host_len >= buf.shape[0]:
-            ids = self.input_ids  # the first append, ids assigned from outside, or a full buffer
-            n = ids.shape[0]  # (not len(): Tensor.__len__ is slow Python)
-            buf = torch.empty(max(min(max(2 * n, n + 64), self.max_device_len), n + 1), dtype=ids.dtype)
-            buf[:n] = ids
-            self._host_buf, self._host_np, self._host_len = buf, buf.numpy(), n
+        every running request at every step. The store goes through a numpy view of the buffer (~0.1 us where a
+        tensor element store takes ~1.5), the capacity is kept as an int (a tensor's shape costs ~0.12 us to read),
+        and input_ids, the view of the filled part, is built only when it is next read (__getattr__; a view costs
+        ~2.5 us, and nothing reads a running request's ids at every step). Earlier views of input_ids never change
+        (only positions past their end are written)."""
+        ids = self.__dict__.pop("input_ids", None)  # None: the view was not read since the last append
         n = self._host_len
-        self._host_np[n] = next_token if isinstance(next_token, int) else int(next_token)
+        if n >= self._host_capacity or (ids is not None and ids is not self._host_view):
+            n = self._new_host_buf(ids)  # the first append, ids assigned from outside, or a full buffer
+        self._host_np[n] = next_token if type(next_token) is int else int(next_token)
         self._host_len = n + 1
-        self.__dict__.pop("input_ids", None)
         self._host_view = None
+
+    def _new_host_buf(self, ids: torch.Tensor | None) -> int:
+        if ids is None:
+            ids = self.input_ids
+            del self.__dict__["input_ids"]
+        n = ids.shape[0]  # (not len(): Tensor.__len__ is slow Python)
+        buf = torch.empty(max(min(max(2 * n, n + 64), self.max_device_len), n + 1), dtype=ids.dtype)
+        buf[:n] = ids
+        self._host_buf, self._host_np, self._host_len, self._host_capacity = buf, buf.numpy(), n, buf.shape[0]
+        return n
 
     def __repr__(self) -> str:
         return (
@@ -160,6 +178,8 @@ class Batch:
     out_loc: torch.Tensor = field(init=False)
     padded_reqs: List[Req] = field(init=False)  # set by the graph runner's pad_batch
     attn_metadata: BaseAttnMetadata = field(init=False)  # set by the attention backend
+    # the padded requests' lengths at preparation, built once (attention/utils.py: batch_seq_lens)
+    host_lens: SeqLens | None = field(default=None, init=False)
     # hybrid models only: per-request state slots of the linear-attention layers (attention/hybrid_linear.py)
     state_metadata: LinearAttnMetadata | None = field(default=None, init=False)
     # prefill only, for prompt logprobs (echo): the LM head keeps the final hidden states of these token rows

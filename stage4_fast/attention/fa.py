@@ -16,7 +16,7 @@ import torch
 
 from ..core import get_global_ctx
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import BaseCaptureData, make_seq_lens, upload
+from .utils import BaseCaptureData, batch_seq_lens, upload
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -63,7 +63,7 @@ class FlashAttentionBackend(BaseAttnBackend):
         return rows // self.page_size if self.page_size > 1 else rows
 
     def prepare_metadata(self, batch: Batch) -> None:
-        lens = make_seq_lens(batch.padded_reqs)
+        lens = batch_seq_lens(batch)
         cu_seqlens_k = upload(lens.cu_seqlens_k, self.device)
         if lens.is_decode:
             cu_seqlens_q = torch.arange(len(batch.padded_reqs) + 1, dtype=torch.int32, device=self.device)
@@ -110,7 +110,7 @@ class FlashAttentionBackend(BaseAttnBackend):
         width = cap.page_table.shape[1]
         # the capture batch's own first page (the dummy request's: the zeroed dummy page), not page 0, which is not
         # written yet when graphs are captured; a replay copies the real rows in
-        lens = make_seq_lens(batch.padded_reqs)
+        lens = batch_seq_lens(batch)
         cap.page_table[:bs, :1].copy_(self._page_rows(upload(lens.table_idx, self.device), 1))
         batch.attn_metadata = FAMetadata(
             cu_seqlens_k=cap.cu_seqlens_k[: bs + 1],

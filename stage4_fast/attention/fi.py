@@ -29,7 +29,7 @@ from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..utils.device import NullEvent, is_cuda
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import BaseCaptureData, SeqLens, make_seq_lens, upload
+from .utils import BaseCaptureData, SeqLens, batch_seq_lens, upload
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -115,7 +115,7 @@ class FlashInferBackend(BaseAttnBackend):
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
-        lens = make_seq_lens(reqs)
+        lens = batch_seq_lens(batch)
         batch.attn_metadata = FIMetadata(
             cu_seqlens_q_cpu=lens.cu_seqlens_q,
             cu_seqlens_k_cpu=lens.cu_seqlens_k,
@@ -202,7 +202,7 @@ class FlashInferBackend(BaseAttnBackend):
         bs = batch.padded_size
         # the capture batch: the engine's dummy request, length 1, at its own slot (the zeroed dummy page); slot 0,
         # the buffers' initial value, is not written yet when graphs are captured. A replay plans the real slots.
-        cap.indices[:bs].copy_(self._kv_indices(make_seq_lens(batch.padded_reqs)))
+        cap.indices[:bs].copy_(self._kv_indices(batch_seq_lens(batch)))
         meta = FIMetadata(
             cu_seqlens_q_cpu=torch.arange(bs + 1, dtype=torch.int32),
             cu_seqlens_k_cpu=torch.arange(bs + 1, dtype=torch.int32),

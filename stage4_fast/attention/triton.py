@@ -18,7 +18,7 @@ from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..utils.device import to_device_packed
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import make_seq_lens, upload
+from .utils import batch_seq_lens, upload
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -84,7 +84,7 @@ class TritonBackend(BaseAttnBackend):
         return self._kernels.decode_num_splits(bs, self.num_kv_heads, MAX_DECODE_SPLITS, self.num_sms, self._cuda_fp8)
 
     def prepare_metadata(self, batch: Batch) -> None:
-        lens = make_seq_lens(batch.padded_reqs)
+        lens = batch_seq_lens(batch)
         # the three int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
         cu_seqlens_q, seq_lens, table_idx = to_device_packed(
             [lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx], self.device)
@@ -134,7 +134,7 @@ class TritonBackend(BaseAttnBackend):
         # The capture batch is the engine's dummy request: its rows, whose one slot is the zeroed dummy page. Row 0
         # would read slot 0, not written yet when graphs are captured (uninitialised memory on a CPU, NaN/inf in the
         # capture run). A replay copies the real rows in.
-        cap.table_idx[:bs].copy_(upload(make_seq_lens(batch.padded_reqs).table_idx, self.device))
+        cap.table_idx[:bs].copy_(upload(batch_seq_lens(batch).table_idx, self.device))
         batch.attn_metadata = TritonMetadata(
             cu_seqlens_q=cap.cu_seqlens_q[: bs + 1], seq_lens=cap.seq_lens[:bs], table_idx=cap.table_idx[:bs],
             max_seqlen_q=1, num_splits=self._num_splits(bs), mid_o=cap.mid_o[:bs], mid_lse=cap.mid_lse[:bs],

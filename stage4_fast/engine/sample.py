@@ -7,6 +7,7 @@ min-p beside top-k / top-p, and logprobs of the raw logits. Each costs nothing t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Callable, List
 
 import torch
@@ -28,7 +29,7 @@ from ..sampling import (
 from ..utils.device import to_device
 
 if TYPE_CHECKING:
-    from ..core import Batch, Req, SamplingParams
+    from ..core import Batch, Req
 
 
 MAX_TEMPERATURE = 1e30
@@ -128,10 +129,7 @@ def draw_by_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Te
     return drawn.clamp_(max=probs.shape[-1] - 1)  # only a NaN row (no valid distribution) lands past the end
 
 
-def _uses_api_fields(p: SamplingParams) -> bool:
-    """Whether a request asks for any of the fields _prepare_api_fields builds tensors for (logit bias,
-    penalties, logprobs; a grammar is asked of the backend instead): a field added there is added here."""
-    return bool(p.logit_bias) or p.logprobs is not None or p.has_penalty
+_SAMPLES_PLAIN_GREEDY = attrgetter("samples_plain_greedy")
 
 
 class Sampler:
@@ -146,6 +144,9 @@ class Sampler:
     def prepare(self, batch: Batch, token_pool: torch.Tensor | None = None) -> BatchSamplingArgs:
         """The batch's sampling tensors. ``token_pool`` (the scheduler's token ids per request slot) is needed by
         penalties and prompt logprobs only."""
+        grammar_on = self.grammar is not None and self.grammar.active
+        if not grammar_on and all(map(_SAMPLES_PLAIN_GREEDY, batch.reqs)):
+            return BatchSamplingArgs(temperatures=None)  # the common case, in one pass over the batch
         params = [req.sampling_params for req in batch.reqs]
         if all(p.is_greedy for p in params):
             args = BatchSamplingArgs(temperatures=None)
@@ -174,7 +175,7 @@ class Sampler:
     def _prepare_api_fields(self, batch: Batch, args: BatchSamplingArgs, token_pool: torch.Tensor | None) -> None:
         grammar = self.grammar
         grammar_on = grammar is not None and grammar.active
-        if not grammar_on and not any(_uses_api_fields(req.sampling_params) for req in batch.reqs):
+        if not grammar_on and not any(req.sampling_params.uses_api_fields for req in batch.reqs):
             return  # a plain batch (the common case): none of the passes below would find anything
         # A chunk of a prompt (can_decode is False before its forward) samples a token nobody reads: it gets no
         # bias, penalty, mask or logprob.

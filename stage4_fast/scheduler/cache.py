@@ -8,12 +8,14 @@ Every page is either free, in the prefix cache, or owned by exactly one request.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, List
+from typing import TYPE_CHECKING, Iterator, List, Tuple
 
 import torch
 
 from ..kvcache import BaseCacheHandle, MatchResult, create_prefix_cache
-from ..utils import align_ceil, int_tensor
+from ..utils import align_ceil
+from ..utils.device import to_device_packed
+from .utils import run_indices
 
 if TYPE_CHECKING:
     from ..core import Req
@@ -54,16 +56,16 @@ class CacheManager:
         self.prefix_cache.lock_handle(handle, unlock=True)
 
     # -- allocation ------------------------------------------------------------------------------------------
-    def allocate_paged(self, reqs: List[Req]) -> None:
+    def allocate_paged(self, reqs: List[Req], one_each_at: Tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Give each request pages for positions [align_ceil(cached_len), align_ceil(device_len)) and write their
-        slots into its page-table row (the part before is cached or was allocated by an earlier step)."""
+        slots into its page-table row (the part before is cached or was allocated by an earlier step).
+
+        ``one_each_at``: every request extends by one token, at these (page-table rows, columns) on the device (a
+        decode step: the scheduler has them already, as the rows and positions its input ids are read from)."""
         ps = self.page_size
-        if ps == 1 and reqs and all(req.device_len - req.cached_len == 1 for req in reqs):
+        if ps == 1 and one_each_at is not None:
             # a decode step with page_size 1, the common case: one slot per request at its new position
-            slots = self._allocate(len(reqs))
-            row_idx = int_tensor([req.table_idx for req in reqs], torch.int64)
-            col_idx = int_tensor([req.cached_len for req in reqs], torch.int64)
-            self.page_table[row_idx.to(self.device), col_idx.to(self.device)] = slots
+            self.page_table[one_each_at] = self._allocate(len(reqs))
             return
         rows: List[int] = []
         firsts: List[int] = []
@@ -77,9 +79,8 @@ class CacheManager:
         if not rows:
             return
         slots = self._page_to_token(self._allocate(sum(counts) // ps))
-        row_idx = int_tensor(rows, torch.int64).repeat_interleave(int_tensor(counts, torch.int64))
-        col_idx = torch.cat([torch.arange(f, f + c) for f, c in zip(firsts, counts)])
-        self.page_table[row_idx.to(self.device), col_idx.to(self.device)] = slots
+        index = to_device_packed(list(run_indices(rows, firsts, counts)), self.device)
+        self.page_table[tuple(index)] = slots
 
     def _allocate(self, needed_pages: int) -> torch.Tensor:
         if needed_pages > len(self.free_slots):

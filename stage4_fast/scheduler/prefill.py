@@ -19,8 +19,7 @@ import torch
 from ..core import Batch, Req
 from ..kvcache.radix_cache import RadixPrefixCache, fast_compare_key
 from ..utils import align_ceil, align_down
-from ..utils.device import to_device
-from .utils import PendingReq
+from .utils import PendingReq, scatter_runs
 
 if TYPE_CHECKING:
     from ..kvcache import BaseCacheHandle
@@ -56,6 +55,17 @@ class PrefillAdder:
         self.reserved_size = reserved_size
         self.cache_manager = cache_manager
         self.table_manager = table_manager
+        # (row, first column, values) runs for the token pool and the page table, written by write_rows once the
+        # batch is complete
+        self._token_runs: List[Tuple[int, int, torch.Tensor]] = []
+        self._page_runs: List[Tuple[int, int, torch.Tensor]] = []
+
+    def write_rows(self) -> None:
+        """The batch's prompt ids into the token pool and its matched prefixes' slots into the page table: one
+        scatter each for the whole batch instead of a copy per request."""
+        scatter_runs(self.table_manager.token_pool, self._token_runs)
+        scatter_runs(self.table_manager.page_table, self._page_runs)
+        self._token_runs, self._page_runs = [], []
 
     def _fits(self, estimate: int) -> bool:
         return estimate + self.reserved_size <= self.cache_manager.available_size
@@ -74,9 +84,8 @@ class PrefillAdder:
             return None
         table_idx = self.table_manager.allocate()
         if cached_len > 0:
-            device = self.table_manager.token_pool.device
-            self.table_manager.token_pool[table_idx, :cached_len] = to_device(req.input_ids[:cached_len], device)
-            self.table_manager.page_table[table_idx, :cached_len] = handle.get_matched_indices()
+            self._token_runs.append((table_idx, 0, req.input_ids[:cached_len]))
+            self._page_runs.append((table_idx, 0, handle.get_matched_indices()))
         return handle, table_idx
 
     def _add_one_req(self, pending: PendingReq, cache_handle: BaseCacheHandle, table_idx: int, cached_len: int) -> Req:
@@ -88,12 +97,9 @@ class PrefillAdder:
             pending.input_len, pending.output_len, cached_len, self.cache_manager.page_size
         )
         end = cached_len + chunk_size
-        device = self.table_manager.token_pool.device
         # echo with logprobs: the whole prompt at once, so a chunk's last row finds the token it predicts
         write_end = pending.input_len if pending.sampling_params.wants_prompt_logprobs else end
-        self.table_manager.token_pool[table_idx, cached_len:write_end] = to_device(
-            pending.input_ids[cached_len:write_end], device
-        )
+        self._token_runs.append((table_idx, cached_len, pending.input_ids[cached_len:write_end]))
         cls = ChunkedReq if is_chunked else Req
         return cls(
             input_ids=pending.input_ids[:end],
@@ -164,6 +170,7 @@ class PrefillManager:
             reqs.append(req)
         else:
             rest = []
+        adder.write_rows()  # (also when no request was admitted: nothing to write then)
         if not reqs:
             return None
         # a request in the middle of its prompt goes first next step, then those that waited, in arrival order

@@ -28,6 +28,7 @@ from typing import Any, Deque, Dict, List, NamedTuple, NoReturn, Sequence, Set, 
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from ..attention.utils import SeqLens, batch_seq_lens
 from ..core import Batch, Req
 from ..engine import Engine
 from ..engine.engine import ForwardOutput
@@ -46,7 +47,7 @@ from ..message import (
 )
 from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, GrammarError, LogprobArgs
 from ..utils import int_tensor
-from ..utils.device import create_stream, is_cuda, stream_context, synchronize, to_device, to_device_packed
+from ..utils.device import create_stream, is_cuda, stream_context, synchronize, to_device_packed
 from ..utils.hf import load_tokenizer, resolve_model_path
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -55,6 +56,7 @@ from .io import SchedulerIOMixin
 from .prefill import ChunkedReq, PrefillManager, estimated_kv_tokens
 from .stream_interval import StreamInterval
 from .table import TableManager
+from .utils import run_indices
 
 logger = logging.getLogger(__name__)
 
@@ -260,9 +262,13 @@ class Scheduler(SchedulerIOMixin):
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         self.engine.graph_runner.pad_batch(batch)
-        self.cache_manager.allocate_paged(batch.reqs)
-        batch.positions = _make_positions(batch, self.device)
-        input_tuple, write_tuple = _make_index_tuples(batch, self.device)
+        lens = batch_seq_lens(batch)  # one pass over the requests for everything below and the attention backend
+        input_tuple, write_tuple = _make_index_tuples(batch, lens, self.device)
+        batch.positions = input_tuple[1].to(torch.int32)
+        # a decode step's new slots go where its input tokens sit: (row, position) of the first batch.size inputs
+        n = batch.size
+        self.cache_manager.allocate_paged(
+            batch.reqs, one_each_at=(input_tuple[0][:n], input_tuple[1][:n]) if batch.is_decode else None)
         batch.out_loc = self.engine.page_table[input_tuple]
         self.engine.attn_backend.prepare_metadata(batch)
         return ForwardInput(batch, self.engine.sampler.prepare(batch, self.token_pool), input_tuple, write_tuple)
@@ -485,39 +491,30 @@ def _eos_token_id(tokenizer: PreTrainedTokenizerBase | None, hf_config: Pretrain
     return -1 if eos is None else int(eos)  # -1: no EOS, requests end by length only
 
 
-def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
-    reqs = batch.padded_reqs
-    if batch.is_decode or all(r.extend_len == 1 for r in reqs):  # (a decode batch extends every request by one)
-        positions = int_tensor([r.cached_len for r in reqs])
-    else:
-        positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
-    return to_device(positions, device)
+def _input_index(lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row, position) of every input token in the token pool (host, int64): a decode step's are the requests'
+    rows and cached lengths; a prefill's run from each request's cached length to its device length."""
+    if lens.is_decode:  # (a decode batch extends every request by one)
+        return lens.table_idx.to(torch.int64), lens.cached_lens.to(torch.int64)
+    return run_indices(lens.table_idx.numpy(), lens.cached_lens.numpy(), lens.seqlens_q.numpy())
 
 
-def _input_rows(batch: Batch) -> torch.Tensor:
-    """The token pool's row of each input token (host); its column is the token's position."""
-    reqs = batch.padded_reqs
-    rows = int_tensor([r.table_idx for r in reqs], torch.int64)
-    if not batch.is_decode and any(r.extend_len != 1 for r in reqs):
-        rows = rows.repeat_interleave(int_tensor([r.extend_len for r in reqs], torch.int64))
-    return rows
-
-
-def _write_rows_and_cols(batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+def _write_rows_and_cols(batch: Batch, lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
     """Where each request's sampled token goes in the token pool (host). The sampled token's position is device_len
     before the forward. A chunk's token is junk: it goes to the last column of its own row, which is never read
     before the request overwrites it (as upstream)."""
-    rows = int_tensor([r.table_idx for r in batch.reqs], torch.int64)
+    n = batch.size
+    rows = lens.table_idx[:n].to(torch.int64)
+    if batch.is_decode:  # every request of a decode batch can decode (the running set keeps no other)
+        return rows, lens.seqlens_k[:n].to(torch.int64)
     cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
     return rows, cols
 
 
-def _make_index_tuples(batch: Batch, device: torch.device
+def _make_index_tuples(batch: Batch, lens: SeqLens, device: torch.device
                         ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
     """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its input ids from and writes
-    its sampled tokens to. The three host index rows go to the device in one copy (each copy costs the host a
+    its sampled tokens to. The four host index rows go to the device in one copy (each copy costs the host a
     pinned buffer and a launch, and at one stream the host's loop sets the pace)."""
-    input_rows = _input_rows(batch)
-    write_rows, write_cols = _write_rows_and_cols(batch)
-    input_rows, write_rows, write_cols = to_device_packed([input_rows, write_rows, write_cols], device)
-    return (input_rows, batch.positions.to(torch.int64)), (write_rows, write_cols)
+    index = to_device_packed([*_input_index(lens), *_write_rows_and_cols(batch, lens)], device)
+    return (index[0], index[1]), (index[2], index[3])

@@ -345,6 +345,7 @@ def test_a_prompt_chunks_sampled_token_goes_to_the_last_column():
     """A non-final chunk samples a token nobody reads: it is written to the last column of its row (-1), never to
     the position where the next chunk's first prompt token goes (with overlap scheduling that write can land after
     the next chunk's prompt was copied in, and it would replace a prompt token)."""
+    from stage4_fast.attention.utils import batch_seq_lens
     from stage4_fast.core import Batch, Req, SamplingParams
     from stage4_fast.scheduler.prefill import ChunkedReq
     from stage4_fast.scheduler.scheduler import Scheduler, _write_rows_and_cols
@@ -354,7 +355,8 @@ def test_a_prompt_chunks_sampled_token_goes_to_the_last_column():
                        sampling_params=SamplingParams())
     whole = Req(input_ids=ids, table_idx=5, cached_len=6, output_len=4, uid=2, sampling_params=SamplingParams())
     batch = Batch(reqs=[chunk, whole], phase="prefill")
-    rows, cols = _write_rows_and_cols(batch)
+    batch.padded_reqs = batch.reqs
+    rows, cols = _write_rows_and_cols(batch, batch_seq_lens(batch))
     assert rows.tolist() == [3, 5] and cols.tolist() == [-1, 10]
     for req in batch.reqs:
         req.complete_one()
@@ -375,3 +377,54 @@ def test_a_deleted_llm_is_freed_without_the_garbage_collector(tiny_model):
         assert scheduler() is None and engine() is None
     finally:
         gc.enable()
+
+
+def _writes_to(tensors: List[torch.Tensor]):
+    """A dispatch mode counting in-place writes (slice copies, index puts) into any of ``tensors``' memory: on a GPU
+    each is a launch (and a host copy for host values)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+    writes = {torch.ops.aten.copy_.default, torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default}
+
+    class CountWrites(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in writes and args[0].untyped_storage().data_ptr() in ptrs:
+                CountWrites.count += 1
+            return func(*args, **(kwargs or {}))
+
+    return CountWrites()
+
+
+@pytest.mark.parametrize("cached_prefix", [False, True])
+def test_a_prefill_batch_writes_the_pools_in_a_fixed_number_of_operations(tiny_model, cached_prefix):
+    """Admitting a prefill batch writes every request's prompt ids into the token pool, a cached prefix's slots and
+    the new slots into the page table: one scatter each for the whole batch, whether it holds 2 requests or 24."""
+    from stage4_fast.message import UserMsg
+
+    counts = []
+    for num_reqs in (2, 24):
+        llm = make_llm(tiny_model("qwen3"))
+        prefix = list(range(40, 72))
+        # (prompts that share an uncached prefix would wait for the first one's prefill)
+        prompts = [(prefix if cached_prefix else [200 + i] * 32) + [100 + i, 7, 8] for i in range(num_reqs)]
+        if cached_prefix:
+            llm.generate([prefix + [99]], greedy(1), use_tqdm=False)
+        for uid, prompt in enumerate(prompts):
+            llm.prefill_manager.add_one_req(UserMsg(uid, torch.tensor(prompt, dtype=torch.int32), greedy(4)))
+        with _writes_to([llm.token_pool, llm.engine.page_table]) as mode:
+            fwd_input = llm._schedule_next_batch()
+        assert fwd_input is not None and fwd_input.batch.size == num_reqs
+        assert all(req.cached_len == (32 if cached_prefix else 0) for req in fwd_input.batch.reqs)
+        counts.append(mode.count)
+        # the rows hold what a copy per request would have written
+        for req, prompt in zip(fwd_input.batch.reqs, prompts):
+            assert llm.token_pool[req.table_idx, : len(prompt)].tolist() == prompt
+            slots = llm.engine.page_table[req.table_idx, : len(prompt)]
+            assert len(set(slots.tolist())) == len(prompt)
+        if cached_prefix:
+            first, second = (llm.engine.page_table[r.table_idx, :32] for r in fwd_input.batch.reqs[:2])
+            assert torch.equal(first, second)  # both read the cached prefix's slots
+    assert counts[0] == counts[1] == (3 if cached_prefix else 2), counts
