@@ -15,7 +15,12 @@
 # name:sequences, TP8B_SECONDS bounds them, default 570) | kv (the fp8 KV cache: KV_PARTS picks among "tests
 # accuracy sweep throughput": its GPU tests, `bench kv-accuracy` against a bf16 KV cache through KV_BACKENDS
 # (default triton), the fp8 decode-launch sweep, and the offline workload + server burst with kv_cache_dtype auto
-# and fp8_e4m3 into kv_throughput.jsonl; KV_SECONDS stops each part after that many seconds).
+# and fp8_e4m3 into kv_throughput.jsonl; KV_SECONDS stops each part after that many seconds) | served (the
+# 256-request streaming burst against offline `LLM.generate` on the burst model, qwen3-0.6b-shape-v49k: per round the
+# offline run, then one burst per server variant, in turn, into served.jsonl; SERVED_OPTIONS = the engine options of
+# every run, default '{"kv_cache_dtype": "fp8_e4m3"}'; SERVED_VARIANTS = the server options each burst adds, as
+# space-separated JSON objects, default '{} {"api_server_count":2} {"stream_interval":4}'; SERVED_ROUNDS, default 2;
+# SERVED_SECONDS stops each run after that many seconds).
 # Environment: RESULTS_DIR = results folder (default /tmp/gpu_check): env.txt (date, GPU, driver, versions, commit),
 # gpu_tests.txt/.xml, bench.txt and the benchmark's results files, tp*.jsonl. PYTEST_K narrows the tests (pytest -k),
 # e.g. PYTEST_K=triton after a change to the Triton kernels. BENCH_ARGS replaces the benchmark's arguments (default:
@@ -149,7 +154,21 @@ case $MODE in
           done ;;
       esac
     done ;;
-  *) echo "usage: $0 download|tests|bench|all|tp|tp8b|kv"; exit 2 ;;
+  served) burst_model=models/qwen3-0.6b-shape-v49k
+    [[ -f $burst_model/config.json ]] || python3 -m models make qwen3-0.6b-shape-v49k --device cuda || status=$?
+    base=${SERVED_OPTIONS:-'{"kv_cache_dtype": "fp8_e4m3"}'}
+    for round in $(seq "${SERVED_ROUNDS:-2}"); do
+      # each run in its own process (a server started beside a live engine finds only what that engine left free)
+      for variant in offline ${SERVED_VARIANTS:-'{}' '{"api_server_count":2}' '{"stream_interval":4}'}; do
+        task=serve_offline options=$(python3 -c 'import json, sys; print(json.dumps({**json.loads(sys.argv[1]),
+          **json.loads(sys.argv[2])}))' "$base" "${variant/offline/\{\}}")
+        [[ $variant == offline ]] && task=offline
+        echo "round $round: $task $options"
+        maybe_timeout "${SERVED_SECONDS:-}" python3 -m bench worker --stage stage4_fast --gpu --json --task "$task" \
+          --model "$burst_model" --options "$options" >> "$results_dir/served.jsonl" || status=$?
+      done
+    done ;;
+  *) echo "usage: $0 download|tests|bench|all|tp|tp8b|kv|served"; exit 2 ;;
 esac
 if [[ ${SAVE_JIT:-0} == 1 ]]; then
   (cd /tmp && tar czf - jit) | split -b 15m - "$results_dir/jit.tgz." && echo "JIT cache saved to $results_dir/jit.tgz.*"
