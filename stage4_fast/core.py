@@ -86,8 +86,8 @@ class Req:
 
     def __post_init__(self) -> None:
         assert self.input_ids.device.type == "cpu", "Req.input_ids must live on the host"
-        self.device_len = len(self.input_ids)
-        self.max_device_len = len(self.input_ids) + self.output_len
+        self.device_len = self.input_ids.shape[0]  # (not len(): Tensor.__len__ is slow Python)
+        self.max_device_len = self.device_len + self.output_len
         # asked by the sampler of every request at every step (its fast path); a request's parameters do not
         # change once it is admitted
         params = self.sampling_params

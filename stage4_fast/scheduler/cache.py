@@ -47,7 +47,7 @@ class CacheManager:
     @property
     def available_size(self) -> int:
         """Tokens that could be allocated now: free pages plus what eviction could return."""
-        return self.prefix_cache.size_info.evictable_size + len(self.free_slots) * self.page_size
+        return self.prefix_cache.size_info.evictable_size + self.free_slots.shape[0] * self.page_size
 
     def lock(self, handle: BaseCacheHandle) -> None:
         self.prefix_cache.lock_handle(handle)

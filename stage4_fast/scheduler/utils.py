@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence, Tuple
 
 import numpy as np
@@ -21,10 +21,11 @@ class PendingReq:
     input_ids: torch.Tensor  # host, 1-D int32: the whole prompt
     sampling_params: SamplingParams
     chunked_req: ChunkedReq | None = None  # the chunk in progress, once admitted
+    # read several times per request by every admission pass; len() of a tensor is slow Python
+    input_len: int = field(init=False)
 
-    @property
-    def input_len(self) -> int:
-        return len(self.input_ids)
+    def __post_init__(self) -> None:
+        self.input_len = self.input_ids.shape[0]
 
     @property
     def output_len(self) -> int:
