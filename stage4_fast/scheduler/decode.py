@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Sequence
 
 from ..core import Batch, Req
 
@@ -13,20 +13,32 @@ class DecodeManager:
         # An insertion-ordered dict used as a set (upstream: a set, iterated in memory-address order), so the
         # order of requests in a decode batch is the same on every run.
         self.running_reqs: Dict[Req, None] = {}
+        # bumped whenever the running set changes; a decode batch remembers the version it was made from
+        self._version = 0
+        self._batch_version = -1
 
-    def filter_reqs(self, reqs: Iterable[Req]) -> None:
-        """After a launch: add the batch's requests, and drop every request that has produced its last token."""
+    def filter_reqs(self, reqs: Iterable[Req], length_finished: Sequence[bool] | None = None) -> None:
+        """After a launch: add the batch's requests, and drop every request that has produced its last token.
+        ``length_finished``, for a decode batch: whether each request's token of this batch is its last, which the
+        scheduler has already asked of every request; while the running set is still the one the batch was made of
+        (the same requests in the same order), the set is kept from it."""
+        self._version += 1
+        if length_finished is not None and self._batch_version == self._version - 1:
+            self.running_reqs = dict.fromkeys(r for r, done in zip(reqs, length_finished) if not done)
+            return
         running = {r: None for r in self.running_reqs if r.can_decode}
         # a prefill batch's requests join; a decode batch's are the running set itself, judged once above
         running.update((r, None) for r in reqs if r not in self.running_reqs and r.can_decode)
         self.running_reqs = running
 
     def remove_req(self, req: Req) -> None:
+        self._version += 1
         self.running_reqs.pop(req, None)
 
     def abort_req(self, uid: int) -> Req | None:
         for req in self.running_reqs:
             if req.uid == uid:
+                self._version += 1
                 del self.running_reqs[req]
                 return req
         return None
@@ -46,6 +58,7 @@ class DecodeManager:
     def schedule_next_batch(self) -> Batch | None:
         if not self.running_reqs:
             return None
+        self._batch_version = self._version
         return Batch(reqs=list(self.running_reqs), phase="decode")
 
     @property

@@ -279,10 +279,14 @@ class Scheduler(SchedulerIOMixin):
         does that work while the device runs the forward instead of before launching it."""
         batch, sample_args, input_tuple, write_tuple = fwd_input
         batch.input_ids = self.token_pool[input_tuple]
+        length_finished: Sequence[bool] = ()
 
         def before_sampling() -> None:
-            # launched: it counts as in flight before the previous batch's results release any slot or page
-            self.decode_manager.filter_reqs(batch.reqs)
+            # launched: it counts as in flight before the previous batch's results release any slot or page; which
+            # requests took their last token is asked once, for the running set and for processing the results
+            nonlocal length_finished
+            length_finished = self._length_finished(batch)
+            self.decode_manager.filter_reqs(batch.reqs, length_finished if batch.is_decode else None)
             self._launched_id += 1
             if catch_up is not None:
                 with stream_context(self.stream):
@@ -290,7 +294,7 @@ class Scheduler(SchedulerIOMixin):
 
         fwd_output = self.engine.forward_batch(batch, sample_args, before_sampling)  # advances every request
         self.token_pool[write_tuple] = fwd_output.next_tokens_gpu
-        return ForwardData(fwd_input, fwd_output, self._length_finished(batch), self._launched_id)
+        return ForwardData(fwd_input, fwd_output, length_finished, self._launched_id)
 
     @staticmethod
     def _length_finished(batch: Batch) -> Sequence[bool]:

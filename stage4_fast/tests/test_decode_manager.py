@@ -71,3 +71,34 @@ def test_a_prefill_batch_joins_the_running_set() -> None:
     _launch(new)
     dm.filter_reqs(new)
     assert [r.uid for r in dm.running_reqs] == [0, 1]
+
+
+def test_a_decode_batchs_finished_flags_give_the_same_set() -> None:
+    """The scheduler passes a decode batch's "token was its last" flags (it asked every request once already): the
+    running set kept from them is the one the general filter gives."""
+    rng = random.Random(1)
+    dm = DecodeManager(page_size=1)
+    reqs = [_req(uid, rng.randint(1, 12)) for uid in range(40)]
+    _launch(reqs)
+    dm.filter_reqs(reqs)
+    steps = 0
+    while (batch := dm.schedule_next_batch()) is not None:
+        _launch(batch.reqs)
+        general = [r for r in dict.fromkeys(chain(dm.running_reqs, batch.reqs)) if r.can_decode]
+        dm.filter_reqs(batch.reqs, [not r.can_decode for r in batch.reqs])
+        assert list(dm.running_reqs) == general
+        steps += 1
+    assert steps == 11  # the longest request: 12 tokens, the first from its prefill
+
+
+def test_flags_for_a_batch_that_is_no_longer_the_running_set_are_not_trusted() -> None:
+    dm = DecodeManager(page_size=1)
+    reqs = [_req(uid, 5) for uid in range(3)]
+    _launch(reqs)
+    dm.filter_reqs(reqs)
+    batch = dm.schedule_next_batch()
+    assert batch is not None
+    dm.remove_req(reqs[1])  # the running set changed after the batch was formed
+    _launch(batch.reqs)
+    dm.filter_reqs(batch.reqs, [False] * 3)
+    assert [r.uid for r in dm.running_reqs] == [0, 2, 1]  # the general filter's answer, as without flags
