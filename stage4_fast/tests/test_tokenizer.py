@@ -69,6 +69,18 @@ def test_text_appears_as_soon_as_its_character_is_complete():
 
 
 
+
+def test_a_running_request_keeps_no_text_it_has_sent():
+    """A request's status holds only text not sent yet: a whole text kept and grown with += would be copied at every
+    step, a cost that grows with the output."""
+    tok = tokenizer()
+    mgr = DetokenizeManager(tok)
+    ids = tok.encode(" ".join(TEXTS) * 8)
+    sent = [mgr.detokenize_one(DetokenizeMsg(1, t, False)).incremental_output for t in ids]
+    assert "".join(sent) == tok.decode(ids)
+    kept = [v for v in vars(mgr.decode_map[1]).values() if isinstance(v, str)]
+    assert sum(map(len, kept)) == 0, kept
+
 @lru_cache(maxsize=1)
 def lone_bytes() -> list[int]:
     """Ids of one-byte tokens that no UTF-8 character starts with (a continuation byte alone): any run of them
