@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from itertools import chain
 
+import pytest
 import torch
 
 from stage4_fast.core import Req, SamplingParams
@@ -49,7 +50,10 @@ def test_the_filter_gives_the_filtered_union() -> None:
         assert list(dm.running_reqs) == general
 
 
-def test_a_batch_that_is_no_longer_the_running_set_still_gives_the_union() -> None:
+@pytest.mark.parametrize("with_flags", [False, True])
+def test_a_batch_that_is_no_longer_the_running_set_still_gives_the_union(with_flags: bool) -> None:
+    """With or without the batch's last-token flags: flags for a batch that is no longer the running set are not
+    trusted."""
     dm = DecodeManager(page_size=1)
     reqs = [_req(uid, 5) for uid in range(3)]
     _launch(reqs)
@@ -58,7 +62,7 @@ def test_a_batch_that_is_no_longer_the_running_set_still_gives_the_union() -> No
     assert batch is not None
     dm.remove_req(reqs[1])  # the running set changed after the batch was formed (the batch still holds it)
     _launch(batch.reqs)
-    dm.filter_reqs(batch.reqs)
+    dm.filter_reqs(batch.reqs, [False] * 3 if with_flags else None)
     assert [r.uid for r in dm.running_reqs] == [0, 2, 1]  # running set first, then the batch's others
 
 
@@ -89,16 +93,3 @@ def test_a_decode_batchs_finished_flags_give_the_same_set() -> None:
         assert list(dm.running_reqs) == general
         steps += 1
     assert steps == 11  # the longest request: 12 tokens, the first from its prefill
-
-
-def test_flags_for_a_batch_that_is_no_longer_the_running_set_are_not_trusted() -> None:
-    dm = DecodeManager(page_size=1)
-    reqs = [_req(uid, 5) for uid in range(3)]
-    _launch(reqs)
-    dm.filter_reqs(reqs)
-    batch = dm.schedule_next_batch()
-    assert batch is not None
-    dm.remove_req(reqs[1])  # the running set changed after the batch was formed
-    _launch(batch.reqs)
-    dm.filter_reqs(batch.reqs, [False] * 3)
-    assert [r.uid for r in dm.running_reqs] == [0, 2, 1]  # the general filter's answer, as without flags
