@@ -52,6 +52,6 @@ def scatter_runs(target: torch.Tensor, runs: Sequence[Tuple[int, int, torch.Tens
     rows, firsts, values = zip(*runs)
     row_idx, col_idx = run_indices(rows, firsts, [v.shape[0] for v in values])
     flat = torch.cat(values)
-    if flat.device != target.device:
+    if flat.device.type == "cpu" and target.device.type != "cpu":  # host values (prompt ids); slots are on the device
         flat = to_device(flat, target.device)
     target[tuple(to_device_packed([row_idx, col_idx], target.device))] = flat
