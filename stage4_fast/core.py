@@ -149,9 +149,8 @@ class Req:
         self._host_view = None
 
     def _new_host_buf(self, ids: torch.Tensor | None) -> int:
-        if ids is None:
-            ids = self.input_ids
-            del self.__dict__["input_ids"]
+        if ids is None:  # the filled part was not read since the last append: the buffer still holds it
+            ids = self._host_buf[: self._host_len]
         n = ids.shape[0]  # (not len(): Tensor.__len__ is slow Python)
         buf = torch.empty(max(min(max(2 * n, n + 64), self.max_device_len), n + 1), dtype=ids.dtype)
         buf[:n] = ids
