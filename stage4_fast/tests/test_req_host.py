@@ -16,11 +16,13 @@ def _req(prompt: list[int], output_len: int) -> Req:
                uid=0, sampling_params=SamplingParams())
 
 
-def test_appended_tokens_read_back_and_earlier_views_keep_their_length() -> None:
+@pytest.mark.parametrize("read_between", [True, False], ids=["read-between", "unread"])
+def test_appended_tokens_read_back_and_earlier_views_keep_their_length(read_between: bool) -> None:
     req = _req([5, 6, 7], output_len=200)
     views = []
     for step in range(150):  # past the first buffer (2 x 3 or 3 + 64 ids): it grows and copies once
-        views.append(req.input_ids)
+        if read_between or step == 0:  # unread: the buffer is full with nobody having read the view since
+            views.append(req.input_ids)
         req.append_host(100 + step if step % 2 else torch.tensor(100 + step))
     assert req.input_ids.tolist() == [5, 6, 7] + list(range(100, 250))
     assert req.input_ids.dtype == torch.int32
