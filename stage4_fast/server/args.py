@@ -31,6 +31,8 @@ class ServerArgs(SchedulerConfig):
     served_model_name: str = ""  # the model id of /v1/models (not upstream; see parse_args for the default)
     model_aliases: Tuple[str, ...] = ()  # other ids requests may name: the path given to --model, the resolved one
     log_level: str = "info"
+    log_level_http: str | None = None  # uvicorn's loggers (SGLang's flag); None = log_level
+    access_log: bool = True  # uvicorn's line per request (vLLM's --disable-uvicorn-access-log turns it off)
     # exposure limits (not upstream): see guard.py; repr=False keeps the key out of any log of the config
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
@@ -48,6 +50,10 @@ class ServerArgs(SchedulerConfig):
     @property
     def effective_log_level(self) -> str:
         return "warning" if self.silent_output and self.log_level in ("debug", "info") else self.log_level
+
+    @property
+    def http_log_level(self) -> str:
+        return self.log_level_http or self.effective_log_level
 
     @property
     def share_tokenizer(self) -> bool:

@@ -218,6 +218,11 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--max-queued-requests", type=_positive_int, default=1024, metavar="N",
                    help="requests waiting beyond --max-running-requests; more get 503 + Retry-After")
     g.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="of every process, uvicorn's included")
+    g.add_argument("--log-level-http", choices=LOG_LEVELS, default=None,
+                   help="of the HTTP server's own log (uvicorn's; SGLang's flag) where it should differ from "
+                        "--log-level")
+    g.add_argument("--disable-uvicorn-access-log", dest="access_log", action="store_false",
+                   help="no log line per HTTP request (vLLM's flag)")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")
     return p

@@ -355,7 +355,7 @@ def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: in
             end_requests("the server is shutting down")
 
     server = Server(uvicorn.Config(app, host=config.server_host, port=config.server_port,
-                                   log_level=config.effective_log_level,
+                                   log_level=config.http_log_level, access_log=config.access_log,
                                    timeout_graceful_shutdown=5))
     return server, end_requests
 

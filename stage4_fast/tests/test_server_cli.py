@@ -37,6 +37,8 @@ def _parse(tiny_dir: Path, *flags: str):
     (["--enforce-eager"], "cuda_graph_max_bs", 0),
     (["--load-format", "dummy"], "use_dummy_weight", True),
     (["--log-level", "debug"], "log_level", "debug"),
+    (["--disable-uvicorn-access-log"], "access_log", False),
+    (["--log-level-http", "warning"], "log_level_http", "warning"),
     (["--dtype", "half"], "dtype", torch.float16),
     (["--dtype", "fp16"], "dtype", torch.float16),
     (["--dtype", "bf16"], "dtype", torch.bfloat16),
@@ -46,6 +48,21 @@ def _parse(tiny_dir: Path, *flags: str):
 def test_vllm_and_sglang_spellings_map_to_our_options(tiny_dir, flags, field, value):
     config = _parse(tiny_dir, *flags)
     assert value is None or getattr(config, field) == value
+
+
+@pytest.mark.parametrize("flags, access_log, level", [
+    ([], True, "info"),
+    (["--disable-uvicorn-access-log"], False, "info"),
+    (["--log-level-http", "warning"], True, "warning"),
+    (["--log-level", "error"], True, "error"),  # uvicorn follows --log-level unless told otherwise
+    (["--log-level", "error", "--log-level-http", "debug"], True, "debug"),
+])
+def test_the_http_server_takes_its_log_flags(tiny_dir, flags, access_log, level):
+    from stage4_fast.server.launch import _http_server
+
+    backend = {"max_seq_len": 64, "num_pages": 64, "page_size": 1, "vocab_size": 100}
+    server, _ = _http_server(_parse(tiny_dir, *flags), backend)
+    assert server.config.access_log is access_log and server.config.log_level == level
 
 
 @pytest.mark.parametrize("flag", ["-tp", "--tp", "--tp-size", "--tensor-parallel-size"])
