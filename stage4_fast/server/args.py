@@ -33,6 +33,8 @@ class ServerArgs(SchedulerConfig):
     log_level: str = "info"
     log_level_http: str | None = None  # uvicorn's loggers (SGLang's flag); None = log_level
     access_log: bool = True  # uvicorn's line per request (vLLM's --disable-uvicorn-access-log turns it off)
+    log_requests: bool = False  # a line per request received and ended (request_log.py)
+    max_log_len: int | None = None  # prompt characters or token ids such a line shows (None: all)
     # exposure limits (not upstream): see guard.py; repr=False keeps the key out of any log of the config
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20

@@ -223,6 +223,13 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
                         "--log-level")
     g.add_argument("--disable-uvicorn-access-log", dest="access_log", action="store_false",
                    help="no log line per HTTP request (vLLM's flag)")
+    g.add_argument("--enable-log-requests", "--log-requests", dest="log_requests", action="store_true",
+                   help="log each request when it arrives (prompt, changed sampling parameters) and when it ends "
+                        "(how, tokens, time): vLLM's and SGLang's flags")
+    g.add_argument("--disable-log-requests", dest="log_requests", action="store_false", default=argparse.SUPPRESS,
+                   help="vLLM's older spelling of the default: no request log")
+    g.add_argument("--max-log-len", type=_non_negative_int, default=None, metavar="N",
+                   help="prompt characters or token ids a request's log line shows (vLLM's flag; default: all)")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")
     return p

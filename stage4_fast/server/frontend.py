@@ -22,6 +22,7 @@ from ..message import (
 from ..utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 from .args import ServerArgs
 from .metrics import ServerMetrics
+from .request_log import RequestLog
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class FrontendManager:
         self.max_requests = -(-(config.max_running_req + config.max_queued_requests) // self.api_count)
         self.num_requests = 0
         self.submit_time: Dict[int, float] = {}
+        self.request_log = RequestLog(config.max_log_len) if config.log_requests else None
         self.send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]] = [
             ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs
         ]
@@ -107,6 +109,8 @@ class FrontendManager:
             self.ack_map.pop(uid, None)
             self._release(uid)
             raise
+        if self.request_log is not None:
+            self.request_log.received(uid, prompt, sampling_params)
         return uid
 
     async def replies(self, uid: int) -> AsyncIterator[UserReply]:
@@ -118,9 +122,10 @@ class FrontendManager:
         vLLM's output collector does the same): a loaded server then writes one chunk per request per turn instead
         of one per token, which is what its event loop can keep up with; an idle one still streams every token."""
         queue = self.ack_map[uid]
-        finished = False
-        last = self.submit_time.get(uid)
+        finished = backend_gone = False
+        last = started = self.submit_time.get(uid)
         first = True
+        final: UserReply | None = None  # the latest reply given out (its usage counts every token so far)
         held: Deque[UserReply | StatsReply | None] = deque()  # taken from the queue but not mergeable
         try:
             while True:
@@ -136,13 +141,14 @@ class FrontendManager:
                     (self.metrics.ttft if first else self.metrics.itl).observe(now - last)
                     first, last = False, now
                 if reply is None:
-                    finished = True  # nothing left to abort
+                    finished = backend_gone = True  # nothing left to abort
                     raise BackendUnavailable(self.dead_reason or "the server is shutting down")
                 assert isinstance(reply, UserReply)
                 finished = reply.finished
                 if finished and self.metrics is not None and not reply.error:
                     self.metrics.prompt_tokens.inc(reply.prompt_tokens)
                     self.metrics.generation_tokens.inc(reply.completion_tokens)
+                final = reply
                 yield reply
                 if finished:
                     return
@@ -151,6 +157,8 @@ class FrontendManager:
             self._release(uid)
             if not finished:
                 self.abort_user(uid)
+            if self.request_log is not None and started is not None:
+                self.request_log.ended(uid, final, finished, backend_gone, time.perf_counter() - started)
 
     def _release(self, uid: int) -> None:
         if self.submit_time.pop(uid, None) is not None:

@@ -101,6 +101,7 @@ def frontend() -> tuple[FrontendManager, list]:
     fm = FrontendManager.__new__(FrontendManager)
     sent: list = []
     fm.metrics, fm.dead_reason, fm.ack_map, fm.submit_time, fm.num_requests = None, None, {}, {}, 0
+    fm.request_log = None
     fm._send = lambda uid, msg: sent.append(msg)  # type: ignore[method-assign]
     return fm, sent
 

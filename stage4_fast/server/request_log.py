@@ -1,0 +1,59 @@
+"""``--enable-log-requests`` (vLLM's flag; SGLang's ``--log-requests``): one log line when a request is submitted
+(its prompt, cut to ``--max-log-len``, and the sampling parameters it changed) and one when it ends (how, its
+tokens, its time). Off by default, as in both: a line per request is what an operator reads while debugging, not
+what a busy server should write."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict
+
+from ..message.frontend import UserReply
+
+logger = logging.getLogger(__name__)
+
+
+def changed_fields(params: Any) -> Dict[str, Any]:
+    """The fields of a dataclass that differ from their defaults (a request's sampling parameters, readably)."""
+    changed = {}
+    for f in dataclasses.fields(params):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(params, f.name)
+        if value != default:
+            changed[f.name] = value
+    return changed
+
+
+@dataclass
+class RequestLog:
+    max_len: int | None = None  # prompt characters or token ids shown (None: all of it)
+
+    def shown_prompt(self, prompt: Any) -> str:
+        """Text (quoted) and token ids cut to ``max_len`` characters or ids; a chat's messages as their repr, cut
+        to ``max_len`` characters."""
+        if isinstance(prompt, str) or all(type(t) is int for t in prompt):
+            head = prompt[: self.max_len]
+            return repr(head) + (f" (+{len(prompt) - len(head)} more)" if len(head) < len(prompt) else "")
+        text = repr(prompt)
+        head = text[: self.max_len]
+        return head + (f" (+{len(text) - len(head)} more characters)" if len(head) < len(text) else "")
+
+    def received(self, uid: int, prompt: Any, sampling_params: Any) -> None:
+        logger.info("request %d received: prompt %s, params %s", uid, self.shown_prompt(prompt),
+                    changed_fields(sampling_params))
+
+    def ended(self, uid: int, last: UserReply | None, finished: bool, backend_gone: bool, seconds: float) -> None:
+        """``last``: the request's last reply, if any; ``finished``: it was the finishing one; ``backend_gone``: the
+        server lost a worker or is shutting down."""
+        tokens = f"{last.prompt_tokens} prompt + {last.completion_tokens} completion tokens" if last else "no tokens"
+        if backend_gone:
+            logger.info("request %d failed after %.3f s: the backend is gone (%s)", uid, seconds, tokens)
+        elif last is not None and last.error:
+            logger.info("request %d rejected: %s", uid, last.error)
+        elif finished and last is not None:
+            logger.info("request %d finished (%s) in %.3f s: %s", uid, last.finish_reason, seconds, tokens)
+        else:
+            logger.info("request %d aborted after %.3f s (its client left or stopped reading): %s", uid, seconds,
+                        tokens)
