@@ -53,6 +53,9 @@ class TokenizeMsg(BaseTokenizerMsg):
     # raw prompt, chat messages ([{"role", "content"}], rendered with the model's chat template) or token ids
     text: str | List[Dict[str, str]] | List[int]
     sampling_params: SamplingParams
+    # stage 4: chat messages' options for the chat template (add_generation_prompt, continue_final_message and
+    # the client's template variables, e.g. Qwen3's enable_thinking); None: the defaults
+    chat_options: Dict[str, Any] | None = None
 
 
 @dataclass

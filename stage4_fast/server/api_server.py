@@ -378,7 +378,7 @@ def _add_routes(app: FastAPI) -> None:
         params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens,
                                   logprobs=req.num_logprobs())
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        streams = open_choices(frontend(), [messages], params, req.n, req.stop_list())
+        streams = open_choices(frontend(), [messages], params, req.n, req.stop_list(), req.chat_options())
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def logprobs(d: Delta) -> Dict[str, Any] | None:

@@ -93,7 +93,7 @@ class FrontendManager:
         self.ack_map[uid] = asyncio.Queue()
         return uid
 
-    def submit(self, prompt: Any, sampling_params: Any) -> int:
+    def submit(self, prompt: Any, sampling_params: Any, chat_options: Dict[str, Any] | None = None) -> int:
         if self.dead_reason is None and self.num_requests >= self.max_requests:
             if self.metrics is not None:
                 self.metrics.rejected.inc()
@@ -104,7 +104,7 @@ class FrontendManager:
             self.metrics.inflight.set(self.num_requests)
         self.submit_time[uid] = time.perf_counter()
         try:
-            self._send(uid, TokenizeMsg(uid, prompt, sampling_params))
+            self._send(uid, TokenizeMsg(uid, prompt, sampling_params, chat_options))
         except BaseException:  # e.g. a value the encoder cannot carry: the request never left, forget it
             self.ack_map.pop(uid, None)
             self._release(uid)

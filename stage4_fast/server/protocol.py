@@ -16,10 +16,11 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple
+from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
+from typing_extensions import TypeAliasType
 
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 
@@ -56,6 +57,10 @@ MAX_INT32 = 2**31 - 1
 Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]
 # ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
 SafeInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1), BeforeValidator(_integral)]
+# any JSON value whose integers the wire carries (a larger one is read as a number, as JSON readers that parse
+# numbers as doubles do): chat template variables
+JSONValue = TypeAliasType(
+    "JSONValue", Union[str, bool, SafeInt, float, None, List["JSONValue"], Dict[str, "JSONValue"]])
 PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extra=VOCAB_BOUND),
                           BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
@@ -160,7 +165,6 @@ NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
     "reasoning_effort": _NI((), "reasoning effort"),
     "web_search_options": _NI((), "web search"),
     # SGLang's (sent by sglang-router); without a reasoning parser, as here, SGLang ignores either value too
-    "continue_final_message": _NI((False,), "continuing the last assistant message"),
     "separate_reasoning": _NI((True, False), "a reasoning parser"),
     "stream_reasoning": _NI((True, False), "a reasoning parser"),
 }
@@ -294,26 +298,69 @@ class SamplingFields(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
-def _top_logprobs_needs_logprobs(schema: Dict[str, Any], cls: type) -> None:
+# apply_chat_template's own parameters (transformers' PreTrainedTokenizerBase.apply_chat_template) and the names it
+# renders the template with: chat_template_kwargs sets the template's other variables, not these
+CHAT_TEMPLATE_RESERVED = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
+def _chat_request_rules(schema: Dict[str, Any], cls: type) -> None:
     _add_not_implemented(schema, cls)
-    # the schema states the rule the validator enforces (OpenAI's and vLLM's): top_logprobs only with logprobs
+    # the schema states the rules the validators enforce: top_logprobs only with logprobs (OpenAI's and vLLM's),
+    # add_generation_prompt and continue_final_message not both true (vLLM's)
     schema["if"] = {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]}
     schema["then"] = {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}
+    both = ["add_generation_prompt", "continue_final_message"]
+    schema["not"] = {"properties": {name: {"const": True} for name in both}, "required": both}
+    kwargs = schema["properties"]["chat_template_kwargs"]["anyOf"][0]
+    kwargs["propertyNames"] = {"not": {"enum": sorted(CHAT_TEMPLATE_RESERVED)}}
 
 
 class ChatCompletionRequest(SamplingFields):
-    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_top_logprobs_needs_logprobs)
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_chat_request_rules)
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
     messages: List[ChatMessage] = Field(min_length=1)
     max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
     logprobs: bool = Field(False, description="the logprob of every output token")
     top_logprobs: TopLogprobs | None = Field(None, description="and of the most likely ones (needs logprobs)")
+    # vLLM's and SGLang's chat template options
+    add_generation_prompt: bool | None = Field(
+        None, description="end the prompt with the template's assistant header (default: true, unless "
+                          "continue_final_message)")
+    continue_final_message: bool = Field(
+        False, description="leave the last message open: the model continues it (e.g. an assistant's prefix)")
+    chat_template_kwargs: Dict[str, JSONValue] | None = Field(
+        None, description="more variables for the model's chat template, e.g. {\"enable_thinking\": false} for "
+                          "Qwen3")
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _check_template_options(self) -> ChatCompletionRequest:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs cannot set {reserved[0]!r} (a parameter of the template call; "
+                             f"use the request field where there is one)")
+        return self
+
+    def chat_options(self) -> Dict[str, Any] | None:
+        """The chat template's keyword arguments beyond the default (None: add_generation_prompt=True only)."""
+        add = self.add_generation_prompt
+        if add is None:
+            add = not self.continue_final_message
+        if add and not self.continue_final_message and not self.chat_template_kwargs:
+            return None
+        return {**(self.chat_template_kwargs or {}), "add_generation_prompt": add,
+                "continue_final_message": self.continue_final_message}
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AsyncIterator, List
+from typing import Any, AsyncIterator, Dict, List
 
 from ..message import TextLogprobs
 from .frontend import FrontendManager, RequestRejected
@@ -59,12 +59,14 @@ class Delta:
 
 
 async def generate_deltas(
-    frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str]
+    frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
+    chat_options: Dict[str, Any] | None = None,
 ) -> AsyncIterator[Delta]:
     """One Delta per reply (text may be empty), the last one with its finish reason. Stopping early (stop string,
-    client gone, generator closed) aborts the request in the backend (``FrontendManager.replies``)."""
+    client gone, generator closed) aborts the request in the backend (``FrontendManager.replies``).
+    ``chat_options``: for chat messages, the chat template's options (``TokenizeMsg.chat_options``)."""
     matcher = StopStringMatcher(stops)
-    uid = frontend.submit(prompt, sampling_params)
+    uid = frontend.submit(prompt, sampling_params, chat_options)
     replies = frontend.replies(uid)
     try:
         async for reply in replies:

@@ -42,3 +42,48 @@ def test_an_unknown_field_is_refused(model):
 def test_neutral_values_compare_as_json():
     field = CompletionRequest.not_implemented["best_of"]
     assert field.accepts(1) and field.accepts(1.0) and not field.accepts(True) and not field.accepts(2)
+
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("fields, options", [
+    ({}, None),  # the default: the generation prompt and nothing else
+    ({"add_generation_prompt": True}, None),
+    ({"continue_final_message": True}, {"add_generation_prompt": False, "continue_final_message": True}),
+    ({"add_generation_prompt": False}, {"add_generation_prompt": False, "continue_final_message": False}),
+    ({"chat_template_kwargs": {"enable_thinking": False}},
+     {"enable_thinking": False, "add_generation_prompt": True, "continue_final_message": False}),
+])
+def test_chat_template_options(fields, options):
+    assert ChatCompletionRequest.model_validate({"messages": CHAT, **fields}).chat_options() == options
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"add_generation_prompt": True, "continue_final_message": True}, "cannot both be true"),
+    ({"chat_template_kwargs": {"tokenize": True}}, "cannot set 'tokenize'"),
+    ({"chat_template_kwargs": {"messages": []}}, "cannot set 'messages'"),
+])
+def test_chat_template_options_that_cannot_hold_are_refused(fields, says):
+    with pytest.raises(ValidationError, match=says):
+        ChatCompletionRequest.model_validate({"messages": CHAT, **fields})
+
+
+def test_the_reserved_template_names_cover_the_template_calls_parameters():
+    import inspect
+
+    from transformers import PreTrainedTokenizerBase
+
+    from stage4_fast.server.protocol import CHAT_TEMPLATE_RESERVED
+
+    params = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
+    named = {n for n, p in params.items() if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
+    assert named <= CHAT_TEMPLATE_RESERVED, named - CHAT_TEMPLATE_RESERVED
+    schema = ChatCompletionRequest.model_json_schema()["properties"]["chat_template_kwargs"]["anyOf"][0]
+    assert set(schema["propertyNames"]["not"]["enum"]) == CHAT_TEMPLATE_RESERVED  # the document says so too
+
+
+def test_template_variables_carry_only_what_the_wire_carries():
+    kwargs = {"a": [1, 2.5, "x", None, True, {"b": 2**60}]}  # beyond 2^53: read as a number
+    got = ChatCompletionRequest.model_validate({"messages": CHAT, "chat_template_kwargs": kwargs}).chat_template_kwargs
+    assert got == {"a": [1, 2.5, "x", None, True, {"b": float(2**60)}]} and type(got["a"][5]["b"]) is float

@@ -152,3 +152,28 @@ def test_the_token_that_ends_a_request_has_its_logprob(complete, tiny_dir):
     assert choice.finish_reason == "stop" and r.usage.completion_tokens == 1
     assert len(choice.logprobs.token_logprobs) == len(prompt) + 1
     assert choice.text == "".join(choice.logprobs.tokens[: len(prompt)])  # the stop token's text is not shown
+
+
+def test_chat_template_options_shape_the_prompt_as_transformers_renders_it(client, tiny_dir):
+    """continue_final_message leaves the assistant's message open, add_generation_prompt false leaves the header
+    out, and chat_template_kwargs reach the template (vLLM's and SGLang's fields): the prompt's token count is
+    that of transformers' rendering with the same options."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dir))
+    messages = [{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Bonjour, je"}]
+
+    def prompt_tokens(**extra) -> int:
+        r = client.chat.completions.create(model=str(tiny_dir), messages=messages, max_tokens=2, temperature=0,
+                                           extra_body=extra)
+        return r.usage.prompt_tokens
+
+    def hf(**kwargs) -> int:
+        return len(tok.encode(tok.apply_chat_template(messages, tokenize=False, **kwargs), add_special_tokens=False))
+
+    assert prompt_tokens() == hf(add_generation_prompt=True)
+    assert prompt_tokens(continue_final_message=True) == hf(continue_final_message=True)
+    assert prompt_tokens(add_generation_prompt=False) == hf(add_generation_prompt=False)
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == hf(add_generation_prompt=True)
+    with pytest.raises(openai.BadRequestError, match="cannot both be true"):
+        prompt_tokens(add_generation_prompt=True, continue_final_message=True)

@@ -268,3 +268,28 @@ def test_worker_turns_a_bad_prompt_into_an_error_reply_and_keeps_order():
     assert [type(m).__name__ for m in to_frontend] == ["UserReply", "UserReply", "StatsReply"]
     assert to_frontend[0].incremental_output == "A"
     assert to_frontend[1].uid == 2 and to_frontend[1].finished and "prompt" in to_frontend[1].error
+
+
+def test_chat_options_reach_the_template_as_transformers_renders_them():
+    tok = AutoTokenizer.from_pretrained(smollm2())
+    # a template variable as Qwen3's enable_thinking: the generation prompt differs when it is false
+    tok.chat_template = tok.chat_template.replace(
+        "{{ '<|im_start|>assistant\n' }}",
+        "{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and not enable_thinking %}"
+        "{{ '<think>\n\n</think>\n\n' }}{% endif %}")
+    mgr = TokenizeManager(tok)
+    messages = [{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Bonjour, je"}]
+
+    def hf(**kwargs) -> list[int]:
+        return tok.encode(tok.apply_chat_template(messages, tokenize=False, **kwargs), add_special_tokens=False)
+
+    default = mgr.tokenize_one(messages).tolist()
+    assert default == hf(add_generation_prompt=True)
+    no_thinking = {"enable_thinking": False, "add_generation_prompt": True, "continue_final_message": False}
+    assert mgr.tokenize_one(messages, no_thinking).tolist() == hf(add_generation_prompt=True, enable_thinking=False)
+    assert mgr.tokenize_one(messages, no_thinking).tolist() != default
+    go_on = mgr.tokenize_one(messages, {"add_generation_prompt": False, "continue_final_message": True}).tolist()
+    assert go_on == hf(continue_final_message=True)
+    assert tok.decode(go_on).endswith("Bonjour, je")  # the assistant's message is left open
+    options = {"add_generation_prompt": False, "continue_final_message": False}
+    assert not tok.decode(mgr.tokenize_one(messages, options).tolist()).endswith("assistant\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -15,17 +15,20 @@ class TokenizeManager:
         self.tokenizer = tokenizer
 
     def tokenize(self, msgs: List[TokenizeMsg]) -> List[torch.Tensor]:
-        return [self.tokenize_one(msg.text) for msg in msgs]
+        return [self.tokenize_one(msg.text, msg.chat_options) for msg in msgs]
 
-    def tokenize_one(self, text: str | List[Dict[str, str]] | List[int]) -> torch.Tensor:
-        """Host 1-D int32 ids. Raises ValueError for input that cannot become a prompt."""
+    def tokenize_one(self, text: str | List[Dict[str, str]] | List[int],
+                     chat_options: Dict[str, Any] | None = None) -> torch.Tensor:
+        """Host 1-D int32 ids. Raises ValueError for input that cannot become a prompt. ``chat_options``: chat
+        messages' keyword arguments for the chat template (stage 4: default, add_generation_prompt=True)."""
         if isinstance(text, str):
             # a raw prompt is encoded as transformers does by default (the tokenizer's own special tokens)
             ids = self.tokenizer.encode(text)
         elif text and all(isinstance(m, dict) for m in text):
             if not self.tokenizer.chat_template:
                 raise ValueError("this model has no chat template; use /v1/completions with a raw prompt")
-            prompt = self.tokenizer.apply_chat_template(text, tokenize=False, add_generation_prompt=True)
+            options = {"add_generation_prompt": True, **(chat_options or {})}
+            prompt = self.tokenizer.apply_chat_template(text, tokenize=False, **options)
             # The template already wrote every special token the model expects (BOS included). Upstream encoded
             # the rendered text with special tokens on, which puts a second BOS in front on Llama 3.
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
