@@ -348,7 +348,8 @@ def _add_routes(app: FastAPI) -> None:
         model = _check_model(app, req.model)
         params = _sampling_params(app, req, req.max_tokens, logprobs=req.logprobs, echo=req.echo)
         prompts = req.prompts()
-        streams = open_choices(frontend(), prompts, params, req.n, req.stop_list())
+        streams = open_choices(frontend(), prompts, params, req.n, req.stop_list(),
+                               keep_stop=req.include_stop_str_in_output)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         logprob_builders = [CompletionLogprobs() for _ in streams]
 
@@ -378,7 +379,8 @@ def _add_routes(app: FastAPI) -> None:
         params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens,
                                   logprobs=req.num_logprobs())
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        streams = open_choices(frontend(), [messages], params, req.n, req.stop_list(), req.chat_options())
+        streams = open_choices(frontend(), [messages], params, req.n, req.stop_list(), req.chat_options(),
+                               req.include_stop_str_in_output)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def logprobs(d: Delta) -> Dict[str, Any] | None:

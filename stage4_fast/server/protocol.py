@@ -144,7 +144,6 @@ NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
     "min_tokens": _NI((0,), "a minimum output length"),
     "user": _NI((), "per-user tracking"),
     # vLLM / SGLang extras
-    "include_stop_str_in_output": _NI((False,), "keeping the stop string"),
     "regex": _NI((), "constrained decoding"),
     "json_schema": _NI((), "constrained decoding"),
     "ebnf": _NI((), "constrained decoding"),
@@ -263,6 +262,8 @@ class SamplingFields(_Strict):
     top_k: Int32 = Field(-1, description="< 1 disables top-k")
     seed: SafeInt | None = Field(None, description="per-request sampling seed")
     stop: Stop | None = Field(None, description="the text is cut before the first occurrence")
+    include_stop_str_in_output: bool = Field(False, description="vLLM extension: the text ends with the stop "
+                                                               "string that ended it")
     stop_token_ids: List[Int32] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
     skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")

@@ -13,11 +13,13 @@ class StopStringMatcher:
     """Cuts a text stream before the first occurrence of any stop string, wherever the chunks split.
 
     A chunk's tail that could be the start of a stop string is held back until the next chunk decides; so the
-    output never depends on where the chunks split: the text before the stop string that completes first.
+    output never depends on where the chunks split: the text before the stop string that completes first (and
+    that stop string too with ``keep_stop``: vLLM's include_stop_str_in_output).
     """
 
-    def __init__(self, stops: List[str]) -> None:
+    def __init__(self, stops: List[str], keep_stop: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.keep_stop = keep_stop
         self.held = ""
 
     def feed(self, text: str) -> tuple[str, bool]:
@@ -29,7 +31,8 @@ class StopStringMatcher:
         hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s)) >= 0]
         if hits:
             self.held = ""
-            return buf[: min(hits)[1]], True
+            end, start = min(hits)
+            return buf[: end if self.keep_stop else start], True
         keep = 0
         for s in self.stops:  # the longest suffix of buf that is a proper prefix of some stop string
             for k in range(min(len(s) - 1, len(buf)), keep, -1):
@@ -60,12 +63,13 @@ class Delta:
 
 async def generate_deltas(
     frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
-    chat_options: Dict[str, Any] | None = None,
+    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False,
 ) -> AsyncIterator[Delta]:
     """One Delta per reply (text may be empty), the last one with its finish reason. Stopping early (stop string,
     client gone, generator closed) aborts the request in the backend (``FrontendManager.replies``).
-    ``chat_options``: for chat messages, the chat template's options (``TokenizeMsg.chat_options``)."""
-    matcher = StopStringMatcher(stops)
+    ``chat_options``: for chat messages, the chat template's options (``TokenizeMsg.chat_options``);
+    ``keep_stop``: the text ends with the stop string that ended it."""
+    matcher = StopStringMatcher(stops, keep_stop)
     uid = frontend.submit(prompt, sampling_params, chat_options)
     replies = frontend.replies(uid)
     try:

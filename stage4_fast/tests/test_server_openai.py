@@ -152,14 +152,15 @@ def test_raw_sse_ends_with_done(server):
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["cut", "include_stop_str_in_output"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_cuts_the_text(client, model_id, references, stream):
+def test_stop_string_cuts_the_text(client, model_id, references, stream, keep):
     full = references["raw"]["text"]
     words = full.split()
     stop = words[len(words) // 2][:3]  # a stop string from the middle of the greedy answer
-    want = full[: full.index(stop)]
+    want = full[: full.index(stop) + (len(stop) if keep else 0)]
     kwargs = dict(model=model_id, prompt=PROMPT, max_tokens=N, temperature=0, stop=[stop, "never-ever-here"],
-                  extra_body={"ignore_eos": True})
+                  extra_body={"ignore_eos": True, "include_stop_str_in_output": keep})
     if stream:
         chunks = list(client.completions.create(stream=True, **kwargs))
         text, finish = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
