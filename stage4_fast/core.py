@@ -49,6 +49,7 @@ class SamplingParams:
     logprobs: int | None = None  # report the sampled token's logprob and the `logprobs` most likely ones
     echo: bool = False  # the first reply carries the prompt's ids, with `logprobs` also their logprobs
     json_schema: str | None = None  # constrain the output to JSON valid against this schema (sampling/grammar.py)
+    min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before the output has this many tokens (vLLM's)
 
     def __post_init__(self) -> None:
         # the wire carries tuples as lists
@@ -67,7 +68,7 @@ class SamplingParams:
         """Whether the request asks for any of the fields the sampler builds tensors for besides temperature and
         top-k/p/min-p (logit bias, penalties, logprobs: ``Sampler._prepare_api_fields``; a field added there is
         added here). A grammar is asked of the grammar backend instead."""
-        return bool(self.logit_bias) or self.logprobs is not None or self.has_penalty
+        return bool(self.logit_bias) or self.logprobs is not None or self.has_penalty or self.min_tokens > 0
 
     @property
     def wants_prompt_logprobs(self) -> bool:

@@ -6,6 +6,7 @@ min-p beside top-k / top-p, and logprobs of the raw logits. Each costs nothing t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Callable, List
@@ -140,6 +141,7 @@ class Sampler:
         self.generator.manual_seed(seed)
         # response_format: plugged in by the scheduler, which owns the tokenizer the grammars need
         self.grammar: GrammarBackend | None = None
+        self.eos_token_id = -1  # set by the scheduler (min_tokens holds EOS back); -1: none
 
     def prepare(self, batch: Batch, token_pool: torch.Tensor | None = None) -> BatchSamplingArgs:
         """The batch's sampling tensors. ``token_pool`` (the scheduler's token ids per request slot) is needed by
@@ -181,6 +183,7 @@ class Sampler:
         # bias, penalty, mask or logprob.
         sampled = [(i, req) for i, req in enumerate(batch.reqs) if req.can_decode]
         bias = [(i, tid, b) for i, req in sampled for tid, b in req.sampling_params.logit_bias]
+        bias += [(i, tid, -math.inf) for i, req in sampled for tid in self._stops_held_back(req)]
         if bias:
             rows, ids, values = zip(*bias)
             args.logit_bias = LogitBiasArgs(make_device_tensor(list(rows), torch.int64, self.device),
@@ -197,6 +200,16 @@ class Sampler:
         if args.penalties is not None or (args.logprobs is not None and args.logprobs.prompt_rows is not None):
             assert token_pool is not None, "penalties and prompt logprobs read the token pool"
             args.token_pool = token_pool
+
+    def _stops_held_back(self, req: Req) -> List[int]:
+        """The stop tokens this step may not sample for ``req`` (min_tokens: it would be an output token no later
+        than the min_tokens-th): its EOS unless ignored, and its stop_token_ids. The step samples output token
+        ``device_len - prompt_len + 1``."""
+        params = req.sampling_params
+        if req.device_len - req.prompt_len >= params.min_tokens:
+            return []
+        eos = [] if params.ignore_eos or self.eos_token_id < 0 else [self.eos_token_id]
+        return eos + list(params.stop_token_ids)
 
     def _penalty_args(self, penalised: List[tuple[int, Req]]) -> PenaltyArgs:
         # each row reads its output so far, and its prompt too when a repetition penalty is set

@@ -100,6 +100,7 @@ class Scheduler(SchedulerIOMixin):
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager)
         self.tokenizer = _try_load_tokenizer(config.model_path)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.engine.config.hf_config)
+        self.engine.sampler.eos_token_id = self.eos_token_id  # min_tokens holds it back
         # response_format: a grammar matcher per request that has one (sampling/grammar.py)
         self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)
         self.engine.sampler.grammar = self.grammar

@@ -181,6 +181,7 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, 
         logprobs=logprobs,
         echo=echo,
         json_schema=req.json_schema(),  # an unsupported schema comes back from the scheduler as a 400
+        min_tokens=req.min_tokens,
     )
 
 

@@ -64,6 +64,7 @@ JSONValue = TypeAliasType(
 PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extra=VOCAB_BOUND),
                           BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
+MinTokens = Annotated[int, Field(ge=0, le=MAX_INT32), BeforeValidator(_integral)]
 
 # Stage 4 (production API): how many choices one request may ask for (OpenAI's limit on n); n times the number of
 # prompts, each choice being one engine request
@@ -141,7 +142,6 @@ def _same_json(a: Any, b: Any) -> bool:
 _NI = NotImplementedField
 # what both completion endpoints know but do not implement
 NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
-    "min_tokens": _NI((0,), "a minimum output length"),
     "user": _NI((), "per-user tracking"),
     # vLLM / SGLang extras
     "regex": _NI((), "constrained decoding"),
@@ -252,8 +252,19 @@ class JSONSchemaResponseFormat(_Strict):
 ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
 
 
+def _sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
+    _add_not_implemented(schema, cls)
+    # the schema states the rule the validator enforces: min_tokens only without stop strings
+    schema.setdefault("allOf", []).append({
+        "if": {"properties": {"min_tokens": {"minimum": 1}}, "required": ["min_tokens"]},
+        "then": {"properties": {"stop": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}},
+    })
+
+
 class SamplingFields(_Strict):
     """What /v1/completions and /v1/chat/completions share."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_sampling_request_rules)
 
     model: str | None = Field(None, description="must name the served model when given")
     max_tokens: MaxTokens | None = Field(None, description="new tokens at most (default: the rest of the context)")
@@ -264,6 +275,8 @@ class SamplingFields(_Strict):
     stop: Stop | None = Field(None, description="the text is cut before the first occurrence")
     include_stop_str_in_output: bool = Field(False, description="vLLM extension: the text ends with the stop "
                                                                "string that ended it")
+    min_tokens: MinTokens = Field(0, description="vLLM extension: EOS and stop_token_ids cannot end the output "
+                                                   "before it has this many tokens (not with stop strings)")
     stop_token_ids: List[Int32] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
     skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
@@ -298,6 +311,14 @@ class SamplingFields(_Strict):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    @model_validator(mode="after")
+    def _check_min_tokens(self) -> SamplingFields:
+        # vLLM checks no stop string before min_tokens; here the API server matches them on merged text, which
+        # does not say where the min_tokens-th token ends: refused rather than honoured at a place that varies
+        if self.min_tokens > 0 and self.stop_list():
+            raise ValueError("min_tokens cannot be combined with stop strings here (stop_token_ids can)")
+        return self
+
 
 # apply_chat_template's own parameters (transformers' PreTrainedTokenizerBase.apply_chat_template) and the names it
 # renders the template with: chat_template_kwargs sets the template's other variables, not these
@@ -309,7 +330,7 @@ CHAT_TEMPLATE_RESERVED = frozenset({
 
 
 def _chat_request_rules(schema: Dict[str, Any], cls: type) -> None:
-    _add_not_implemented(schema, cls)
+    _sampling_request_rules(schema, cls)
     # the schema states the rules the validators enforce: top_logprobs only with logprobs (OpenAI's and vLLM's),
     # add_generation_prompt and continue_final_message not both true (vLLM's)
     schema["if"] = {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]}

@@ -87,3 +87,15 @@ def test_template_variables_carry_only_what_the_wire_carries():
     kwargs = {"a": [1, 2.5, "x", None, True, {"b": 2**60}]}  # beyond 2^53: read as a number
     got = ChatCompletionRequest.model_validate({"messages": CHAT, "chat_template_kwargs": kwargs}).chat_template_kwargs
     assert got == {"a": [1, 2.5, "x", None, True, {"b": float(2**60)}]} and type(got["a"][5]["b"]) is float
+
+
+@pytest.mark.parametrize("model, base", [(CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest,
+                                                                               {"messages": CHAT})])
+def test_min_tokens_is_refused_with_stop_strings_and_the_schema_says_so(model, base):
+    assert model.model_validate({**base, "min_tokens": 3, "stop_token_ids": [5]}).min_tokens == 3
+    assert model.model_validate({**base, "min_tokens": 3, "stop": []}).min_tokens == 3
+    for bad in ({"min_tokens": 3, "stop": "."}, {"min_tokens": -1}):
+        with pytest.raises(ValidationError):
+            model.model_validate({**base, **bad})
+    rule = model.model_json_schema()["allOf"][0]
+    assert rule["if"]["required"] == ["min_tokens"] and "stop" in rule["then"]["properties"]

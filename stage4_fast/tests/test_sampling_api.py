@@ -301,3 +301,22 @@ def test_a_grammar_row_never_samples_an_id_past_the_tokenizer(smollm2_dir):
     logits[:, tokenizer.convert_tokens_to_ids("[")] = 1.0  # the only way a JSON array can start
     tokens = sampler.sample(logits, args).tolist()
     assert tokens == [tokenizer.convert_tokens_to_ids("["), len(tokenizer) + 5]
+
+
+def test_min_tokens_holds_the_stop_tokens_back_until_the_output_is_long_enough():
+    eos = 7
+    cases = [  # (outputs so far, params, the stop tokens this step may not sample)
+        (0, SamplingParams(min_tokens=3), [eos]),
+        (2, SamplingParams(min_tokens=3, stop_token_ids=[9]), [eos, 9]),  # this step samples the 3rd
+        (3, SamplingParams(min_tokens=3, stop_token_ids=[9]), []),  # ... and this one the 4th: free
+        (0, SamplingParams(min_tokens=3, ignore_eos=True, stop_token_ids=[9]), [9]),  # EOS ends nothing here
+        (0, SamplingParams(), []),
+    ]
+    reqs = [_decode_req(i, [1, 2], n, p) for i, (n, p, _) in enumerate(cases)]
+    sampler = Sampler(torch.device("cpu"), VOCAB)
+    sampler.eos_token_id = eos
+    assert [sampler._stops_held_back(r) for r in reqs] == [held for _, _, held in cases]
+    logits = torch.randn(len(cases), VOCAB, generator=torch.Generator().manual_seed(3))
+    logits[:, eos], logits[:, 9], logits[:, 11] = 30.0, 20.0, 10.0  # EOS, then 9, then 11 the likeliest
+    args = sampler.prepare(Batch(reqs, "decode"))
+    assert sampler.sample(logits, args).tolist() == [9, 11, eos, eos, eos]

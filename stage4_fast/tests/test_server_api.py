@@ -177,3 +177,18 @@ def test_chat_template_options_shape_the_prompt_as_transformers_renders_it(clien
     assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == hf(add_generation_prompt=True)
     with pytest.raises(openai.BadRequestError, match="cannot both be true"):
         prompt_tokens(add_generation_prompt=True, continue_final_message=True)
+
+
+def test_min_tokens_keeps_eos_back_until_the_output_is_that_long(complete, tiny_dir):
+    """With EOS made the likeliest token (logit_bias), greedy decoding ends at once; min_tokens (vLLM's field)
+    holds it back for that many tokens, after which it ends the request."""
+    from transformers import AutoConfig
+
+    eos = AutoConfig.from_pretrained(str(tiny_dir)).eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    push = {str(eos): 100}
+    assert complete(PROMPT, max_tokens=20, temperature=0, logit_bias=push).usage.completion_tokens == 1
+    r = complete(PROMPT, max_tokens=20, temperature=0, logit_bias=push, extra_body={"min_tokens": 5})
+    assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError, match="stop strings"):
+        complete(PROMPT, stop=["x"], extra_body={"min_tokens": 2})

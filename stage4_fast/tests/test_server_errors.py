@@ -57,7 +57,8 @@ CASES = [
     # fields the server does not implement are refused by name, never ignored (a client asking for JSON got prose)
     ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
      "unsupported_parameter"),
-    ("min_tokens", CHAT, {"messages": MSG, "min_tokens": 4}, 400, "unsupported_parameter"),
+    ("reasoning_effort", CHAT, {"messages": MSG, "reasoning_effort": "low"}, 400, "unsupported_parameter"),
+    ("min_tokens with a stop string", CHAT, {"messages": MSG, "min_tokens": 4, "stop": "."}, 400, "invalid_value"),
     ("unknown field", COMPLETIONS, {"prompt": "a", "max_token": 3}, 400, "unknown_parameter"),
     ("unknown field in a message", CHAT, {"messages": [{"role": "user", "content": "x", "name": "bob"}]}, 400,
      "unknown_parameter"),
@@ -101,7 +102,7 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(tiny_server, name,
 
 @pytest.mark.parametrize("path, body, param, says", [
     (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calls"),
-    (COMPLETIONS, {"prompt": "a", "min_tokens": 2}, "min_tokens", "minimum output length"),
+    (COMPLETIONS, {"prompt": "a", "suffix": "b"}, "suffix", "insertion"),
     (COMPLETIONS, {"prompt": "a", "max_token": 3}, "max_token", "did you mean 'max_tokens'"),
 ])
 def test_refusal_names_the_field(tiny_server, path, body, param, says):
