@@ -183,7 +183,8 @@ class Sampler:
         # bias, penalty, mask or logprob.
         sampled = [(i, req) for i, req in enumerate(batch.reqs) if req.can_decode]
         bias = [(i, tid, b) for i, req in sampled for tid, b in req.sampling_params.logit_bias]
-        bias += [(i, tid, -math.inf) for i, req in sampled for tid in self._stops_held_back(req)]
+        bias += [(i, tid, -math.inf) for i, req in sampled if req.sampling_params.min_tokens
+                 for tid in self._stops_held_back(req)]
         if bias:
             rows, ids, values = zip(*bias)
             args.logit_bias = LogitBiasArgs(make_device_tensor(list(rows), torch.int64, self.device),

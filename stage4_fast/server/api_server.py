@@ -290,6 +290,19 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
     yield b"data: [DONE]\n\n"
 
 
+def _with_usage_so_far(chunk: Callable[[int, Delta | None], Dict[str, Any]],
+                       firsts: Sequence[Delta]) -> Callable[[int, Delta | None], Dict[str, Any]]:
+    """``chunk`` with its choice's usage so far added (vLLM's continuous_usage_stats); a chat's first chunk, which
+    names the role (``d`` is None), counts the prompt only."""
+    def with_usage(index: int, d: Delta | None) -> Dict[str, Any]:
+        first = firsts[index]
+        usage = (usage_dict(first.prompt_tokens, 0, first.cached_tokens) if d is None
+                 else usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens))
+        return {**chunk(index, d), "usage": usage}
+
+    return with_usage
+
+
 def _stream_response(body: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -417,7 +430,10 @@ def _add_routes(app: FastAPI) -> None:
                 return {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created, "model": model,
                         "choices": [], "usage": usage_dict(*totals(finals, req.n))}
 
-            with_usage = req.stream_options is not None and req.stream_options.include_usage
+            options = req.stream_options
+            with_usage = options is not None and options.include_usage
+            if options is not None and options.continuous_usage_stats:
+                chunk = _with_usage_so_far(chunk, firsts)
             heads = [chunk(i, None) for i in range(len(streams))] if chat else []
             return _stream_response(_sse_stream(firsts, streams, chunk, usage_chunk if with_usage else None, heads))
         finals = await _collect(request, firsts, streams)

@@ -226,6 +226,8 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="vLLM extension: every chunk carries its choice's "
+                                                            "usage so far")
 
 
 class JSONSchemaFormat(_Strict):

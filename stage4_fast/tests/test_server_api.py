@@ -192,3 +192,22 @@ def test_min_tokens_keeps_eos_back_until_the_output_is_that_long(complete, tiny_
     assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "stop"
     with pytest.raises(openai.BadRequestError, match="stop strings"):
         complete(PROMPT, stop=["x"], extra_body={"min_tokens": 2})
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client, tiny_dir, chat):
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries its choice's usage so far; with
+    include_usage the last chunk is the total, as without."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    kwargs = dict(model=str(tiny_dir), max_tokens=6, temperature=0, stream=True, stream_options=options,
+                  extra_body={"ignore_eos": True})
+    if chat:
+        chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "Count"}], **kwargs))
+    else:
+        chunks = list(client.completions.create(prompt=PROMPT[:20], **kwargs))
+    *running, total = chunks
+    assert total.choices == [] and total.usage.completion_tokens == 6
+    counts = [c.usage.completion_tokens for c in running]
+    assert all(c.usage is not None and c.usage.prompt_tokens == total.usage.prompt_tokens for c in running)
+    assert counts == sorted(counts) and counts[-1] == 6 and (counts[0] == 0) == chat  # a chat's role chunk: 0
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in running)
