@@ -20,7 +20,6 @@ from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
-from typing_extensions import TypeAliasType
 
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 
@@ -57,10 +56,11 @@ MAX_INT32 = 2**31 - 1
 Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]
 # ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
 SafeInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1), BeforeValidator(_integral)]
-# any JSON value whose integers the wire carries (a larger one is read as a number, as JSON readers that parse
-# numbers as doubles do): chat template variables
-JSONValue = TypeAliasType(
-    "JSONValue", Union[str, bool, SafeInt, float, None, List["JSONValue"], Dict[str, "JSONValue"]])
+# a chat template variable: a JSON scalar whose integers the wire carries (a larger one is read as a number, as
+# JSON readers that parse numbers as doubles do), or a list or object of them (not deeper: a recursive schema
+# costs the schema's fuzzer more than any template needs)
+JSONScalar = Union[str, bool, SafeInt, float, None]
+TemplateValue = Union[JSONScalar, List[JSONScalar], Dict[str, JSONScalar]]
 PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extra=VOCAB_BOUND),
                           BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
@@ -259,7 +259,9 @@ def _sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
     # the schema states the rule the validator enforces: min_tokens only without stop strings
     schema.setdefault("allOf", []).append({
         "if": {"properties": {"min_tokens": {"minimum": 1}}, "required": ["min_tokens"]},
-        "then": {"properties": {"stop": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}},
+        # (the empty list's items named: a schema fuzzer builds an array without them from any JSON value)
+        "then": {"properties": {"stop": {"anyOf": [
+            {"type": "null"}, {"type": "array", "maxItems": 0, "items": {"type": "string"}}]}}},
     })
 
 
@@ -356,7 +358,7 @@ class ChatCompletionRequest(SamplingFields):
                           "continue_final_message)")
     continue_final_message: bool = Field(
         False, description="leave the last message open: the model continues it (e.g. an assistant's prefix)")
-    chat_template_kwargs: Dict[str, JSONValue] | None = Field(
+    chat_template_kwargs: Dict[str, TemplateValue] | None = Field(
         None, description="more variables for the model's chat template, e.g. {\"enable_thinking\": false} for "
                           "Qwen3")
 

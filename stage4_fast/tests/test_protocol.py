@@ -84,9 +84,12 @@ def test_the_reserved_template_names_cover_the_template_calls_parameters():
 
 
 def test_template_variables_carry_only_what_the_wire_carries():
-    kwargs = {"a": [1, 2.5, "x", None, True, {"b": 2**60}]}  # beyond 2^53: read as a number
+    kwargs = {"a": [1, 2.5, "x", None, True], "b": {"c": 2**60}, "d": False}  # beyond 2^53: read as a number
     got = ChatCompletionRequest.model_validate({"messages": CHAT, "chat_template_kwargs": kwargs}).chat_template_kwargs
-    assert got == {"a": [1, 2.5, "x", None, True, {"b": float(2**60)}]} and type(got["a"][5]["b"]) is float
+    assert got == {"a": [1, 2.5, "x", None, True], "b": {"c": float(2**60)}, "d": False}
+    assert type(got["b"]["c"]) is float and got["d"] is False
+    with pytest.raises(ValidationError):  # deeper than a list or object of scalars
+        ChatCompletionRequest.model_validate({"messages": CHAT, "chat_template_kwargs": {"a": [[1]]}})
 
 
 @pytest.mark.parametrize("model, base", [(CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest,
