@@ -204,13 +204,14 @@ class Sampler:
 
     def _stops_held_back(self, req: Req) -> List[int]:
         """The stop tokens this step may not sample for ``req`` (min_tokens: it would be an output token no later
-        than the min_tokens-th): its EOS unless ignored, and its stop_token_ids. The step samples output token
+        than the min_tokens-th): its EOS unless ignored, and its stop_token_ids within the vocabulary (one beyond it
+        is never sampled, and would index past the logits). The step samples output token
         ``device_len - prompt_len + 1``."""
         params = req.sampling_params
         if req.device_len - req.prompt_len >= params.min_tokens:
             return []
         eos = [] if params.ignore_eos or self.eos_token_id < 0 else [self.eos_token_id]
-        return eos + list(params.stop_token_ids)
+        return eos + [t for t in params.stop_token_ids if 0 <= t < self.vocab_size]
 
     def _penalty_args(self, penalised: List[tuple[int, Req]]) -> PenaltyArgs:
         # each row reads its output so far, and its prompt too when a repetition penalty is set

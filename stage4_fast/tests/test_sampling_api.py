@@ -310,6 +310,7 @@ def test_min_tokens_holds_the_stop_tokens_back_until_the_output_is_long_enough()
         (2, SamplingParams(min_tokens=3, stop_token_ids=[9]), [eos, 9]),  # this step samples the 3rd
         (3, SamplingParams(min_tokens=3, stop_token_ids=[9]), []),  # ... and this one the 4th: free
         (0, SamplingParams(min_tokens=3, ignore_eos=True, stop_token_ids=[9]), [9]),  # EOS ends nothing here
+        (0, SamplingParams(min_tokens=3, stop_token_ids=[-1, VOCAB, 2**31 - 1]), [eos]),  # never sampled anyway
         (0, SamplingParams(), []),
     ]
     reqs = [_decode_req(i, [1, 2], n, p) for i, (n, p, _) in enumerate(cases)]
@@ -319,4 +320,4 @@ def test_min_tokens_holds_the_stop_tokens_back_until_the_output_is_long_enough()
     logits = torch.randn(len(cases), VOCAB, generator=torch.Generator().manual_seed(3))
     logits[:, eos], logits[:, 9], logits[:, 11] = 30.0, 20.0, 10.0  # EOS, then 9, then 11 the likeliest
     args = sampler.prepare(Batch(reqs, "decode"))
-    assert sampler.sample(logits, args).tolist() == [9, 11, eos, eos, eos]
+    assert sampler.sample(logits, args).tolist() == [9, 11, eos, eos, 9, eos]

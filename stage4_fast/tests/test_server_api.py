@@ -192,6 +192,9 @@ def test_min_tokens_keeps_eos_back_until_the_output_is_that_long(complete, tiny_
     assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "stop"
     with pytest.raises(openai.BadRequestError, match="stop strings"):
         complete(PROMPT, stop=["x"], extra_body={"min_tokens": 2})
+    # stop ids no token has (beyond the vocabulary, negative) are held back as nothing: the request runs
+    r = complete(PROMPT, max_tokens=3, extra_body={"min_tokens": 2, "stop_token_ids": [2**31 - 1, -5]})
+    assert r.usage.completion_tokens == 3 and complete(PROMPT, max_tokens=2).usage.completion_tokens == 2
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
