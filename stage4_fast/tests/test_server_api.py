@@ -214,3 +214,12 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client, tiny
     assert all(c.usage is not None and c.usage.prompt_tokens == total.usage.prompt_tokens for c in running)
     assert counts == sorted(counts) and counts[-1] == 6 and (counts[0] == 0) == chat  # a chat's role chunk: 0
     assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in running)
+
+
+def test_template_variables_that_spell_the_codecs_markers_stay_plain_variables(client, tiny_dir):
+    """chat_template_kwargs' keys are the client's: one spelling the IPC codec's type marker must reach the
+    template as a variable (the options cross to the tokenizer worker as JSON text), not build a message."""
+    for kwargs in ({"__type__": "Tensor"}, {"x": {"__type__": "AbortMsg", "uid": 1}}, {"__type__": "__columns__"}):
+        r = client.chat.completions.create(model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2, extra_body={"chat_template_kwargs": kwargs})
+        assert r.usage.completion_tokens == 2
