@@ -2,7 +2,9 @@
 
 A message becomes ``{"__type__": ClassName, field: value, ...}``, recursively; a tensor becomes raw bytes plus its
 dtype and shape. The ZMQ wrappers (``utils/mp.py``) msgpack the dict. Decoding looks the class name up in a map the
-message modules pass in, so only known message types can be built from the wire.
+message modules pass in, so only known message types can be built from the wire. A plain dict stays a dict, and
+one whose own keys include "__type__" (data a client chose) travels wrapped, ``{"__type__": "__dict__", "items":
+{...}}``, so that no key can make the receiver build a message or a tensor.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 _TENSOR = "Tensor"
 _TYPE = "__type__"
+_DICT = "__dict__"  # a plain dict that has a "__type__" key of its own (its keys are data, e.g. a client's)
 
 
 def serialize_type(obj: Any) -> Any:
@@ -29,7 +32,8 @@ def serialize_type(obj: Any) -> Any:
                 out[f.name] = serialize_type(getattr(obj, f.name))
         return out
     if isinstance(obj, dict):
-        return {k: serialize_type(v) for k, v in obj.items()}
+        items = {k: serialize_type(v) for k, v in obj.items()}
+        return {_TYPE: _DICT, "items": items} if _TYPE in obj else items
     if isinstance(obj, (list, tuple)):
         return [serialize_type(v) for v in obj]
     if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
@@ -53,6 +57,8 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
             return {k: deserialize_type(cls_map, v) for k, v in data.items()}
         if name == _TENSOR:
             return _tensor_from(data)
+        if name == _DICT:
+            return {k: deserialize_type(cls_map, v) for k, v in data["items"].items()}
         cls = cls_map.get(name)
         if cls is None:
             raise TypeError(f"unknown message type {name!r}")

@@ -3,7 +3,6 @@ tokenizer worker."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
@@ -55,12 +54,8 @@ class TokenizeMsg(BaseTokenizerMsg):
     text: str | List[Dict[str, str]] | List[int]
     sampling_params: SamplingParams
     # stage 4: chat messages' options for the chat template (add_generation_prompt, continue_final_message and
-    # the client's template variables, e.g. Qwen3's enable_thinking) as JSON text, None: the defaults. Text, not a
-    # dict: its keys are the client's, and a dict key could spell the codec's own type marker ("__type__")
-    chat_options: str | None = None
-
-    def chat_template_options(self) -> Dict[str, Any] | None:
-        return None if self.chat_options is None else json.loads(self.chat_options)
+    # the client's template variables, e.g. Qwen3's enable_thinking); None: the defaults
+    chat_options: Dict[str, Any] | None = None
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 A message becomes ``{"__type__": ClassName, field: value, ...}``, recursively; a tensor becomes raw bytes plus its
 dtype and shape. The ZMQ wrappers (``utils/mp.py``) msgpack the dict. Decoding looks the class name up in a map the
-message modules pass in, so only known message types can be built from the wire.
+message modules pass in, so only known message types can be built from the wire. A plain dict stays a dict, and
+one whose own keys include "__type__" (data a client chose) travels wrapped, ``{"__type__": "__dict__", "items":
+{...}}``, so that no key can make the receiver build a message or a tensor.
 
 A list of messages of one class (a step's tokens for every running request, the detokenizer's replies to them)
 travels as columns, ``{"__type__": "__columns__", "cls": ClassName, "fields": {field: [values...]}, "encoded":
@@ -23,6 +25,7 @@ import torch
 _TENSOR = "Tensor"
 _COLUMNS = "__columns__"
 _TYPE = "__type__"
+_DICT = "__dict__"  # a plain dict that has a "__type__" key of its own (its keys are data, e.g. a client's)
 _PLAIN = (bool, int, float, str, bytes, type(None))
 _INIT_FIELDS: Dict[type, Tuple[str, ...]] = {}
 _GETTERS: Dict[type, Callable[[Any], tuple]] = {}
@@ -73,7 +76,8 @@ def serialize_type(obj: Any) -> Any:
             out[name] = serialize_type(getattr(obj, name))
         return out
     if isinstance(obj, dict):
-        return {k: serialize_type(v) for k, v in obj.items()}
+        items = {k: serialize_type(v) for k, v in obj.items()}
+        return {_TYPE: _DICT, "items": items} if _TYPE in obj else items
     if isinstance(obj, (list, tuple)):
         cls = type(obj[0]) if obj else None
         if len(obj) > 1 and _is_message(obj[0]) and all(type(v) is cls for v in obj):
@@ -125,6 +129,8 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
             return {k: deserialize_type(cls_map, v) for k, v in data.items()}
         if name == _TENSOR:
             return _tensor_from(data)
+        if name == _DICT:
+            return {k: deserialize_type(cls_map, v) for k, v in data["items"].items()}
         if name == _COLUMNS:
             return _rows_from(cls_map, data)
         cls = cls_map.get(name)

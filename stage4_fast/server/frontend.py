@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from collections import deque
@@ -105,8 +104,7 @@ class FrontendManager:
             self.metrics.inflight.set(self.num_requests)
         self.submit_time[uid] = time.perf_counter()
         try:
-            options = None if chat_options is None else json.dumps(chat_options)
-            self._send(uid, TokenizeMsg(uid, prompt, sampling_params, options))
+            self._send(uid, TokenizeMsg(uid, prompt, sampling_params, chat_options))
         except BaseException:  # e.g. a value the encoder cannot carry: the request never left, forget it
             self.ack_map.pop(uid, None)
             self._release(uid)

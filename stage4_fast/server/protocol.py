@@ -57,8 +57,8 @@ Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integr
 # ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
 SafeInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1), BeforeValidator(_integral)]
 # a chat template variable: a JSON scalar whose integers the wire carries (a larger one is read as a number, as
-# JSON readers that parse numbers as doubles do), or a list or object of them (not deeper: a recursive schema
-# costs the schema's fuzzer more than any template needs)
+# JSON readers that parse numbers as doubles do), or a list or object of them (templates take switches and names;
+# nothing deeper is accepted)
 JSONScalar = Union[str, bool, SafeInt, float, None]
 TemplateValue = Union[JSONScalar, List[JSONScalar], Dict[str, JSONScalar]]
 PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extra=VOCAB_BOUND),

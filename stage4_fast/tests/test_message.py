@@ -178,3 +178,12 @@ def test_unknown_type_on_the_wire_is_refused():
     # a frontend message is not a backend message
     with pytest.raises(TypeError):
         BaseBackendMsg.decoder(UserReply(1, "x", True).encoder())
+
+
+@pytest.mark.parametrize("marker", ["AbortMsg", "Tensor", "__columns__", "__dict__"])
+def test_a_plain_dict_with_the_type_key_stays_a_plain_dict(marker):
+    """Keys of plain dicts are data (a chat message's, a client's): one spelling the codec's own "__type__" marker
+    must come back as the same dict, not as a message, a tensor or an error."""
+    text = [{"role": "user", "content": "x", "__type__": marker, "uid": 1, "items": {"__type__": marker}}]
+    back = _wire(TokenizeMsg(3, text, SamplingParams()), BaseTokenizerMsg)
+    assert back.text == text and type(back.text[0]) is dict

@@ -14,14 +14,14 @@ from stage4_fast.message.frontend import UserReply
 from stage4_fast.server.frontend import BackendUnavailable, FrontendManager
 from stage4_fast.server.request_log import RequestLog, changed_fields
 
+from .test_sse_stream import frontend
+
 
 def _frontend(max_len: int | None = None) -> FrontendManager:
-    """A FrontendManager without sockets (what it sends goes nowhere), logging its requests."""
-    fm = FrontendManager.__new__(FrontendManager)
-    fm.metrics, fm.dead_reason, fm.ack_map, fm.submit_time, fm.num_requests = None, None, {}, {}, 0
+    """test_sse_stream's FrontendManager without sockets, submitting and logging its requests."""
+    fm, _ = frontend()
     fm.max_requests, fm.uid_counter = 8, iter(range(100))
     fm.request_log = RequestLog(max_len)
-    fm._send = lambda uid, msg: None  # type: ignore[method-assign]
     return fm
 
 

@@ -218,7 +218,7 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client, tiny
 
 def test_template_variables_that_spell_the_codecs_markers_stay_plain_variables(client, tiny_dir):
     """chat_template_kwargs' keys are the client's: one spelling the IPC codec's type marker must reach the
-    template as a variable (the options cross to the tokenizer worker as JSON text), not build a message."""
+    template as a variable (the codec wraps such a dict), not build a message in the tokenizer worker."""
     for kwargs in ({"__type__": "Tensor"}, {"x": {"__type__": "AbortMsg", "uid": 1}}, {"__type__": "__columns__"}):
         r = client.chat.completions.create(model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=2, extra_body={"chat_template_kwargs": kwargs})

@@ -103,7 +103,7 @@ def _handle(
     for msg in msgs:
         if isinstance(msg, TokenizeMsg):
             try:
-                input_ids = tokenize_manager.tokenize_one(msg.text, msg.chat_template_options())
+                input_ids = tokenize_manager.tokenize_one(msg.text, msg.chat_options)
             except Exception as e:  # a bad prompt must cost one request, never the worker
                 to_frontend.append(UserReply(msg.uid, "", True, finish_reason="error", error=str(e)))
                 continue

@@ -15,7 +15,7 @@ class TokenizeManager:
         self.tokenizer = tokenizer
 
     def tokenize(self, msgs: List[TokenizeMsg]) -> List[torch.Tensor]:
-        return [self.tokenize_one(msg.text, msg.chat_template_options()) for msg in msgs]
+        return [self.tokenize_one(msg.text, msg.chat_options) for msg in msgs]
 
     def tokenize_one(self, text: str | List[Dict[str, str]] | List[int],
                      chat_options: Dict[str, Any] | None = None) -> torch.Tensor:
