@@ -48,7 +48,10 @@ class SamplingParams:
     logit_bias: List[Tuple[int, float]] = field(default_factory=list)  # (token id, added to its logit)
     logprobs: int | None = None  # report the sampled token's logprob and the `logprobs` most likely ones
     echo: bool = False  # the first reply carries the prompt's ids, with `logprobs` also their logprobs
-    json_schema: str | None = None  # constrain the output to JSON valid against this schema (sampling/grammar.py)
+    # structured output (sampling/grammar.py), SGLang's three fields; at most one is set
+    json_schema: str | None = None  # the output is JSON valid against this schema (JSON text)
+    regex: str | None = None  # the output matches this regular expression
+    ebnf: str | None = None  # the output is a sentence of this EBNF grammar (xgrammar's dialect; its rule `root`)
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before the output has this many tokens (vLLM's)
 
     def __post_init__(self) -> None:
@@ -69,6 +72,17 @@ class SamplingParams:
         top-k/p/min-p (logit bias, penalties, logprobs: ``Sampler._prepare_api_fields``; a field added there is
         added here). A grammar is asked of the grammar backend instead."""
         return bool(self.logit_bias) or self.logprobs is not None or self.has_penalty or self.min_tokens > 0
+
+    @property
+    def grammar(self) -> Tuple[str, str] | None:
+        """The structured output asked for, as (kind, source), kind one of json_schema / regex / ebnf; None: free
+        text. More than one is a ValueError (SGLang refuses it too)."""
+        kinds = (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf))
+        asked = [(kind, source) for kind, source in kinds if source is not None]
+        if len(asked) > 1:
+            raise ValueError(f"only one of json_schema, regex and ebnf can be set (got {asked[0][0]} and "
+                             f"{asked[1][0]})")
+        return asked[0] if asked else None
 
     @property
     def wants_prompt_logprobs(self) -> bool:

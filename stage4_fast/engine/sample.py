@@ -139,7 +139,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        # response_format: plugged in by the scheduler, which owns the tokenizer the grammars need
+        # structured output: plugged in by the scheduler, which owns the tokenizer the grammars need
         self.grammar: GrammarBackend | None = None
         self.eos_token_id = -1  # set by the scheduler (min_tokens holds EOS back); -1: none
 

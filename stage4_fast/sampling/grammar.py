@@ -1,7 +1,8 @@
-"""Structured output: ``response_format`` (a JSON schema, or any JSON object) as a token mask, through xgrammar
-(the grammar backend SGLang and vLLM use).
+"""Structured output as a token mask, through xgrammar (the grammar backend SGLang and vLLM use): a JSON schema
+(``response_format``, or any JSON object), a regular expression or an EBNF grammar (SGLang's ``regex`` / ``ebnf``,
+vLLM's ``structured_outputs``, which the API server maps onto these three).
 
-A request's schema is compiled once (xgrammar caches compiled grammars), and a matcher follows the request's
+A request's grammar is compiled once (xgrammar caches compiled grammars), and a matcher follows the request's
 tokens: before each step it writes the bitmask of the tokens that keep the output a valid prefix, the sampler sets
 every other logit to -inf, and after the step the matcher accepts the sampled token. The output ends when the
 grammar is complete (it then allows only EOS). The mask for a step needs the previous step's token: the scheduler
@@ -35,26 +36,32 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
 class GrammarError(ValueError):
-    """A schema that xgrammar cannot compile, or structured output without xgrammar installed."""
+    """A schema, regular expression or grammar that xgrammar cannot compile, or structured output without xgrammar
+    installed."""
 
 
 def _xgrammar() -> ModuleType:
     try:
         import xgrammar
     except ImportError:
-        raise GrammarError("response_format needs the xgrammar package (pip install xgrammar)") from None
+        raise GrammarError("structured output needs the xgrammar package (pip install xgrammar)") from None
     return xgrammar
 
 
-def _schema_error(e: Exception) -> GrammarError:
+# what a source that xgrammar cannot compile is called in the error, by kind
+_UNSUPPORTED = {"json_schema": "unsupported JSON schema", "regex": "unsupported regular expression",
+                "ebnf": "unsupported EBNF grammar"}
+
+
+def _compile_error(kind: str, e: Exception) -> GrammarError:
     # xgrammar's C++ errors start with "[time] path/to/file.cc:line: "
     reason = re.sub(r"^\[[\d:]+\]\s+\S+:\d+:\s*", "", str(e).strip())
-    return GrammarError(f"response_format: unsupported JSON schema: {reason}")
+    return GrammarError(f"{_UNSUPPORTED[kind]}: {reason}")
 
 
 class GrammarBackend:
     """Compiled grammars and one matcher per request that has one (keyed by uid). The compiler (importing
-    xgrammar and building the tokenizer's table: 3 to 8 s) is built by the first request with a response_format,
+    xgrammar and building the tokenizer's table: 3 to 8 s) is built by the first request with structured output,
     or, in a server, by ``warm_up_in_background`` at start-up: built by that first request it stalled every running
     stream for those seconds."""
 
@@ -84,7 +91,7 @@ class GrammarBackend:
             try:
                 self._get_compiler()
             except Exception as e:  # noqa: BLE001 (a broken install: the first request will say what is wrong)
-                logger.warning("response_format warm-up failed: %s", e)
+                logger.warning("structured output warm-up failed: %s", e)
 
         self.warm_up_thread = threading.Thread(target=build, name="xgrammar-warm-up", daemon=True)
         self.warm_up_thread.start()
@@ -102,17 +109,23 @@ class GrammarBackend:
             if self._compiler is None:
                 xgr = _xgrammar()
                 if self.tokenizer is None:
-                    raise GrammarError("response_format needs the model's tokenizer")
+                    raise GrammarError("structured output needs the model's tokenizer")
                 info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.grammar_vocab)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
             return self._compiler
 
-    def add(self, uid: int, schema: str) -> None:
+    def add(self, uid: int, kind: str, source: str) -> None:
+        """A matcher for request ``uid``: ``kind`` is json_schema, regex or ebnf (``SamplingParams.grammar``)."""
         compiler = self._get_compiler()
         try:
-            compiled = compiler.compile_json_schema(schema, any_whitespace=False)
+            if kind == "json_schema":
+                compiled = compiler.compile_json_schema(source, any_whitespace=False)
+            elif kind == "regex":
+                compiled = compiler.compile_regex(source)
+            else:
+                compiled = compiler.compile_grammar(source)  # EBNF (GBNF-like), rule "root"
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own types
-            raise _schema_error(e) from None
+            raise _compile_error(kind, e) from None
         self.matchers[uid] = _xgrammar().GrammarMatcher(compiled)
 
     def remove(self, uid: int) -> None:

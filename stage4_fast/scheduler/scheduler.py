@@ -45,7 +45,7 @@ from ..message import (
     TokenLogprobs,
     UserMsg,
 )
-from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, GrammarError, LogprobArgs
+from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, LogprobArgs
 from ..utils import int_tensor
 from ..utils.device import create_stream, is_cuda, stream_context, synchronize, to_device_packed
 from ..utils.hf import load_tokenizer, resolve_model_path
@@ -101,7 +101,7 @@ class Scheduler(SchedulerIOMixin):
         self.tokenizer = _try_load_tokenizer(config.model_path)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.engine.config.hf_config)
         self.engine.sampler.eos_token_id = self.eos_token_id  # min_tokens holds it back
-        # response_format: a grammar matcher per request that has one (sampling/grammar.py)
+        # structured output: a grammar matcher per request that has one (sampling/grammar.py)
         self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)
         self.engine.sampler.grammar = self.grammar
         if not config.offline_mode:  # a server: xgrammar's start-up cost off the first structured request's path
@@ -166,10 +166,12 @@ class Scheduler(SchedulerIOMixin):
             need = estimated_kv_tokens(input_len, msg.sampling_params.max_tokens, 0, ps)
             if need > self.cache_manager.num_pages * ps:  # would wait at the head of the queue forever
                 error = f"request needs {need} KV slots, the pool has {self.cache_manager.num_pages * ps}"
-        if error is None and msg.sampling_params.json_schema is not None:
+        if error is None:
             try:
-                self.grammar.add(msg.uid, msg.sampling_params.json_schema)
-            except GrammarError as e:
+                grammar = msg.sampling_params.grammar
+                if grammar is not None:
+                    self.grammar.add(msg.uid, *grammar)
+            except ValueError as e:  # GrammarError (it cannot compile), or more than one grammar asked
                 error = str(e)
         if error is not None:
             logger.warning("rejecting request %d: %s", msg.uid, error)

@@ -111,8 +111,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         if kind == "json_invalid":
             return _error_response(APIError(400, "the request body is not valid JSON", "invalid_json"))
         if kind == "not_implemented":  # a known field at a value that asks for something we do not do
-            param = first["ctx"]["param"]
-            return _error_response(APIError(400, str(first["msg"]), "unsupported_parameter", param=param))
+            param = ".".join([*loc, first["ctx"]["param"]])  # a nested object's field named with its path
+            message = f"{where}: {first['msg']}" if where else str(first["msg"])
+            return _error_response(APIError(400, message, "unsupported_parameter", param=param))
         if kind == "extra_forbidden":  # no field of that name: refused, never ignored
             model = REQUEST_MODELS.get(request.url.path) if len(loc) == 1 else None
             message = unknown_field_message(model, loc[-1]) + (f" in {'.'.join(loc[:-1])}" if len(loc) > 1 else "")
@@ -180,7 +181,7 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, 
         logit_bias=req.logit_bias_list(),
         logprobs=logprobs,
         echo=echo,
-        json_schema=req.json_schema(),  # an unsupported schema comes back from the scheduler as a 400
+        **req.grammar(),  # what xgrammar cannot compile comes back from the scheduler as a 400
         min_tokens=req.min_tokens,
     )
 

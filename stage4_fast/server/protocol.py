@@ -143,10 +143,6 @@ _NI = NotImplementedField
 # what both completion endpoints know but do not implement
 NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
     "user": _NI((), "per-user tracking"),
-    # vLLM / SGLang extras
-    "regex": _NI((), "constrained decoding"),
-    "json_schema": _NI((), "constrained decoding"),
-    "ebnf": _NI((), "constrained decoding"),
     # SGLang's own fields, which its router (sglang-router) adds to every request at these values
     "no_stop_trim": _NI((False,), "keeping the stop string"),
     "return_hidden_states": _NI((False,), "hidden states in the response"),
@@ -252,6 +248,69 @@ class JSONSchemaResponseFormat(_Strict):
 
 
 ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
+# response_format {"type": "json_object"}: any JSON object, as SGLang compiles it
+ANY_JSON_OBJECT = '{"type": "object"}'
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one constraint."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True,
+                              json_schema_extra=_add_not_implemented)
+
+    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = {
+        "structural_tag": _NI((), "structural tags"),
+        "whitespace_pattern": _NI((), "a pattern for JSON's whitespace"),
+        # JSON is generated without free whitespace here (sampling/grammar.py), which is what true asks for
+        "disable_any_whitespace": _NI((True,), "free whitespace in JSON"),
+    }
+    json_: Dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema (an object, or JSON "
+                                                                             "text)")
+    regex: str | None = Field(None, description="a regular expression")
+    choice: List[str] | None = Field(None, min_length=1, description="the output is one of these strings")
+    grammar: str | None = Field(None, description="an EBNF grammar (xgrammar's dialect, rule root)")
+    json_object: bool | None = Field(None, description="true: any JSON object")
+
+    @model_validator(mode="after")
+    def _check_one(self) -> StructuredOutputs:
+        if len(self.constraints()) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar, json_object: true")
+        return self
+
+    def constraints(self) -> List[str]:
+        given = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        return [name for name, value in given.items() if value is not None] + (["json_object"] if self.json_object
+                                                                               else [])
+
+    def grammar_source(self) -> Tuple[str, str]:
+        """As (kind, source) of ``SamplingParams.grammar``: a choice becomes the grammar of its alternatives."""
+        if self.json_ is not None:
+            return "json_schema", self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:  # (JSON's string escapes are the grammar's: quotes, backslashes, \n, \uXXXX)
+            return "ebnf", "root ::= " + " | ".join(json.dumps(c) for c in self.choice)
+        if self.grammar is not None:
+            return "ebnf", self.grammar
+        return "json_schema", ANY_JSON_OBJECT
+
+
+# the request fields that ask for structured output, of which a request gives one at most
+STRUCTURED_OUTPUT_FIELDS = ("response_format", "structured_outputs", "json_schema", "regex", "ebnf")
+
+
+def _one_grammar_rules() -> List[Dict[str, Any]]:
+    """The schema's form of ``_check_one_grammar``: when one field asks for structured output, the others are absent
+    or null (response_format may also be text)."""
+    free = {name: {"type": "null"} for name in STRUCTURED_OUTPUT_FIELDS}
+    free["response_format"] = {"anyOf": [{"type": "null"}, {"properties": {"type": {"const": "text"}}}]}
+    rules = []
+    for name in STRUCTURED_OUTPUT_FIELDS:
+        asks = {"not": free[name]}
+        rules.append({"if": {"properties": {name: asks}, "required": [name]},
+                      "then": {"properties": {other: free[other] for other in STRUCTURED_OUTPUT_FIELDS
+                                              if other != name}}})
+    return rules
 
 
 def _sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
@@ -263,6 +322,7 @@ def _sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
         "then": {"properties": {"stop": {"anyOf": [
             {"type": "null"}, {"type": "array", "maxItems": 0, "items": {"type": "string"}}]}}},
     })
+    schema["allOf"].extend(_one_grammar_rules())
 
 
 class SamplingFields(_Strict):
@@ -297,23 +357,41 @@ class SamplingFields(_Strict):
         None, description="token id (as a string) -> bias added to its logit; ids beyond the vocabulary are a 400")
     response_format: ResponseFormat | None = Field(
         None, description="json_object or json_schema (xgrammar); a schema xgrammar cannot compile is a 400")
+    # the other ways vLLM and SGLang ask for structured output (at most one of all of them per request)
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension")
+    json_schema: str | None = Field(None, description="SGLang extension: a JSON schema, as JSON text")
+    regex: str | None = Field(None, description="SGLang extension: the output matches this regular expression")
+    ebnf: str | None = Field(None, description="SGLang extension: an EBNF grammar (xgrammar's dialect, rule root)")
 
     def logit_bias_list(self) -> List[Tuple[int, float]]:
         return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
 
-    def json_schema(self) -> str | None:
-        """The response_format as the JSON schema the engine constrains the output to (None: free text)."""
-        fmt = self.response_format
+    def grammar(self) -> Dict[str, str]:
+        """The structured output asked for, as ``SamplingParams``' field (json_schema, regex or ebnf) -> source;
+        empty for free text."""
+        fmt, outputs = self.response_format, self.structured_outputs
         if isinstance(fmt, JSONSchemaResponseFormat):
-            return json.dumps(fmt.json_schema.schema_)
+            return {"json_schema": json.dumps(fmt.json_schema.schema_)}
         if isinstance(fmt, JSONObjectFormat):
-            return '{"type": "object"}'  # any JSON object, as SGLang compiles it
-        return None
+            return {"json_schema": ANY_JSON_OBJECT}
+        if outputs is not None:
+            return dict([outputs.grammar_source()])
+        return {kind: source for kind, source in (("json_schema", self.json_schema), ("regex", self.regex),
+                                                  ("ebnf", self.ebnf)) if source is not None}
 
     def stop_list(self) -> List[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @model_validator(mode="after")
+    def _check_one_grammar(self) -> SamplingFields:
+        asked = [name for name in STRUCTURED_OUTPUT_FIELDS if getattr(self, name) is not None]
+        if isinstance(self.response_format, TextFormat):
+            asked.remove("response_format")  # free text: no constraint
+        if len(asked) > 1:
+            raise ValueError(f"only one way to ask for structured output per request: {', '.join(asked)} given")
+        return self
 
     @model_validator(mode="after")
     def _check_min_tokens(self) -> SamplingFields:

@@ -102,3 +102,42 @@ def test_min_tokens_is_refused_with_stop_strings_and_the_schema_says_so(model, b
             model.model_validate({**base, **bad})
     rule = model.model_json_schema()["allOf"][0]
     assert rule["if"]["required"] == ["min_tokens"] and "stop" in rule["then"]["properties"]
+
+
+@pytest.mark.parametrize("fields, grammar", [
+    ({}, {}),
+    ({"response_format": {"type": "text"}}, {}),
+    ({"response_format": {"type": "json_object"}}, {"json_schema": '{"type": "object"}'}),
+    ({"json_schema": '{"type": "array"}'}, {"json_schema": '{"type": "array"}'}),  # SGLang's three
+    ({"regex": "[0-9]+"}, {"regex": "[0-9]+"}),
+    ({"ebnf": 'root ::= "a"'}, {"ebnf": 'root ::= "a"'}),
+    ({"structured_outputs": {"json": {"type": "array"}}}, {"json_schema": '{"type": "array"}'}),  # vLLM's
+    ({"structured_outputs": {"json": '{"type": "array"}'}}, {"json_schema": '{"type": "array"}'}),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, {"regex": "[0-9]+"}),
+    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, {"ebnf": 'root ::= "a"'}),
+    ({"structured_outputs": {"json_object": True}}, {"json_schema": '{"type": "object"}'}),
+    ({"structured_outputs": {"choice": ["yes", 'a "b"\\c\n']}}, {"ebnf": 'root ::= "yes" | "a \\"b\\"\\\\c\\n"'}),
+])
+def test_each_way_to_ask_for_structured_output_becomes_one_grammar(fields, grammar):
+    assert CompletionRequest.model_validate({"prompt": "x", **fields}).grammar() == grammar
+
+
+@pytest.mark.parametrize("model, base", [(CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest,
+                                                                               {"messages": CHAT})])
+def test_one_structured_output_per_request_and_the_schema_says_so(model, base):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = model.model_json_schema()
+    one = {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}, "json_schema": "{}",
+           "regex": "a", "ebnf": 'root ::= "a"'}
+    for name, value in one.items():
+        for others in ({}, {"response_format": {"type": "text"}} if name != "response_format" else {}):
+            body = {**base, name: value, **others, **{k: None for k in one if k not in (name, *others)}}
+            model.model_validate(body)
+            jsonschema.validate(body, schema)
+        for other, value2 in one.items():
+            if other != name:
+                body = {**base, name: value, other: value2}
+                with pytest.raises(ValidationError, match="only one way to ask for structured output"):
+                    model.model_validate(body)
+                with pytest.raises(jsonschema.ValidationError):
+                    jsonschema.validate(body, schema)

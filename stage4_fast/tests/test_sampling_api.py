@@ -190,12 +190,12 @@ def test_a_server_builds_the_grammar_compiler_at_start_up(smollm2_dir, monkeypat
     assert not grammar_module.GrammarBackend(None, 49152).warm_up_in_background()  # no tokenizer: nothing to do
     backend = grammar_module.GrammarBackend(tokenizer, 49152)
     assert backend.warm_up_in_background()
-    backend.add(1, '{"type": "object"}')  # may run while the thread builds: it waits for it
+    backend.add(1, "json_schema", '{"type": "object"}')  # may run while the thread builds: it waits for it
     assert backend.warm_up_thread is not None
     backend.warm_up_thread.join(timeout=120)
     compiler = backend._compiler
     assert compiler is not None and backend.has(1)
-    backend.add(2, '{"type": "array"}')
+    backend.add(2, "json_schema", '{"type": "array"}')
     assert backend._compiler is compiler
     monkeypatch.setattr(grammar_module.importlib.util, "find_spec", lambda name: None)  # xgrammar not installed
     assert not grammar_module.GrammarBackend(tokenizer, 49152).warm_up_in_background()
@@ -214,8 +214,8 @@ def test_grammar_masks_are_filled_row_for_row_into_one_reused_buffer(smollm2_dir
 
     vocab = 49152
     backend = GrammarBackend(AutoTokenizer.from_pretrained(smollm2_dir), vocab)
-    backend.add(1, '{"type": "array", "items": {"type": "integer"}}')
-    backend.add(2, '{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}')
+    backend.add(1, "json_schema", '{"type": "array", "items": {"type": "integer"}}')
+    backend.add(2, "json_schema", '{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}')
     assert backend.matchers[1].accept_string("[12,")
 
     def fresh(uids: List[int | None]) -> torch.Tensor:
@@ -287,7 +287,7 @@ def test_a_grammar_row_never_samples_an_id_past_the_tokenizer(smollm2_dir):
     width = len(tokenizer) + 100
     backend = GrammarBackend(tokenizer, width)
     assert backend.grammar_vocab == len(tokenizer)
-    backend.add(7, '{"type": "array", "items": {"type": "integer"}}')
+    backend.add(7, "json_schema", '{"type": "array", "items": {"type": "integer"}}')
     sampler = Sampler(torch.device("cpu"), width)
     sampler.grammar = backend
     reqs = [_decode_req(0, [1, 2], 0, SamplingParams()), _decode_req(1, [3], 0, SamplingParams())]

@@ -6,6 +6,7 @@ holds even a random model to its schema."""
 from __future__ import annotations
 
 import json
+import re
 from typing import List
 
 import httpx
@@ -140,6 +141,18 @@ def test_a_schema_holds_every_sample_of_a_random_model(client, tiny_dir):
     for choice in r.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+@pytest.mark.parametrize("extra, holds", [
+    ({"regex": "(ab|cd)[0-9]{3}"}, lambda text: re.fullmatch("(ab|cd)[0-9]{3}", text)),
+    ({"structured_outputs": {"choice": ["north", "south", "east", "west"]}},
+     lambda text: text in ("north", "south", "east", "west")),
+], ids=["regex", "choice"])
+def test_a_regex_or_a_choice_holds_every_sample_of_a_random_model(client, tiny_dir, extra, holds):
+    r = client.chat.completions.create(model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=20, temperature=1.0, seed=5, n=3, extra_body=extra)
+    for choice in r.choices:
+        assert choice.finish_reason == "stop" and holds(choice.message.content), choice.message.content
 
 
 def test_the_token_that_ends_a_request_has_its_logprob(complete, tiny_dir):

@@ -82,6 +82,17 @@ CASES = [
     ("unsupported JSON schema", CHAT,
      {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "foo"}}}},
      400, "invalid_request"),
+    ("unsupported regex", COMPLETIONS, {"prompt": "a", "regex": "(a"}, 400, "invalid_request"),
+    ("unsupported EBNF grammar", COMPLETIONS, {"prompt": "a", "structured_outputs": {"grammar": "root = 'a'"}}, 400,
+     "invalid_request"),
+    ("two kinds of structured output", CHAT,
+     {"messages": MSG, "regex": "a", "response_format": {"type": "json_object"}}, 400, "invalid_value"),
+    ("structured_outputs with two constraints", COMPLETIONS,
+     {"prompt": "a", "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, "invalid_value"),
+    ("structured_outputs with none", COMPLETIONS, {"prompt": "a", "structured_outputs": {"json_object": False}}, 400,
+     "invalid_value"),
+    ("structured_outputs without choices", COMPLETIONS, {"prompt": "a", "structured_outputs": {"choice": []}}, 400,
+     "invalid_value"),
     ("empty stop string", COMPLETIONS, {"prompt": "a", "stop": [""]}, 400, "invalid_value"),
     ("unknown model", CHAT, {"model": "gpt-17", "messages": MSG}, 404, "model_not_found"),
     ("generate without max_tokens", "/generate", {"prompt": "a"}, 400, "missing_required_parameter"),
@@ -104,12 +115,17 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(tiny_server, name,
     (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calls"),
     (COMPLETIONS, {"prompt": "a", "suffix": "b"}, "suffix", "insertion"),
     (COMPLETIONS, {"prompt": "a", "max_token": 3}, "max_token", "did you mean 'max_tokens'"),
+    (COMPLETIONS, {"prompt": "a", "structured_outputs": {"regex": "a", "whitespace_pattern": " "}},
+     "structured_outputs.whitespace_pattern", "JSON's whitespace"),
 ])
 def test_refusal_names_the_field(tiny_server, path, body, param, says):
     r = httpx.post(f"{tiny_server.base_url}{path}", json=body, timeout=60)
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == param
-    assert f"'{param}'" in error["message"] and says in error["message"], error
+    *where, name = param.split(".")
+    assert f"'{name}'" in error["message"] and says in error["message"], error
+    if where:  # a nested object's field: "object: 'field' is not ..."
+        assert error["message"].startswith(f"{'.'.join(where)}: '{name}'"), error
 
 
 def test_values_that_ask_for_nothing_are_accepted(tiny_server):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -305,6 +306,31 @@ def test_json_object_output_is_a_json_object(client, model_id):
         model=model_id, messages=[{"role": "user", "content": "Describe Paris as JSON."}], max_tokens=80,
         temperature=0, response_format={"type": "json_object"})
     assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("extra, holds", [
+    ({"regex": r"[A-Z][a-z]+, [0-9]{4}"}, lambda text: re.fullmatch(r"[A-Z][a-z]+, [0-9]{4}", text)),  # SGLang's
+    ({"ebnf": 'root ::= "The answer is " ("yes" | "no") "."'},
+     lambda text: text in ("The answer is yes.", "The answer is no.")),
+    ({"json_schema": json.dumps(SCHEMAS["enum"])}, lambda text: _valid(text, SCHEMAS["enum"])),
+    ({"structured_outputs": {"choice": ["Paris", "Lyon", "Marseille"]}},  # vLLM's
+     lambda text: text in ("Paris", "Lyon", "Marseille")),
+    ({"structured_outputs": {"regex": r"[0-9]{2}:[0-9]{2}"}}, lambda text: re.fullmatch(r"[0-9]{2}:[0-9]{2}", text)),
+    ({"structured_outputs": {"grammar": 'root ::= ("red" | "blue") " " [0-9] [0-9]'}},
+     lambda text: re.fullmatch(r"(red|blue) [0-9]{2}", text)),
+    ({"structured_outputs": {"json": SCHEMAS["array"]}}, lambda text: _valid(text, SCHEMAS["array"])),
+], ids=["regex", "ebnf", "json_schema", "vllm-choice", "vllm-regex", "vllm-grammar", "vllm-json"])
+def test_structured_output_fields_hold_the_output(client, model_id, extra, holds):
+    r = client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=40,
+        temperature=0, extra_body=extra)
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop" and holds(text), text
+
+
+def _valid(text: str, schema: dict) -> bool:
+    pytest.importorskip("jsonschema").validate(json.loads(text), schema)
+    return True
 
 
 def test_unsupported_schema_is_a_400(client, model_id):
