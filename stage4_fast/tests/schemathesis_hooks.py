@@ -4,6 +4,11 @@ Generation is bounded so the run stays short: a schema-valid max_tokens (or none
 context for chat) becomes 1 right before the request is sent; schemathesis re-derives what it expects from the
 body actually sent, and 1 is as valid as the value it replaces. Invalid values (0, beyond the context, wrong types)
 are left alone: they must still be refused.
+
+A body that asks for structured output in more than one way keeps only the first: the server refuses the rest
+(400), and the schema states that rule in words only (``protocol._sampling_request_rules`` says why). A regular
+expression, grammar or schema given as text is a string to the schema, and compiles or is a 400 at run time (as a
+context length is a bound known at run time); a string there becomes one that compiles.
 """
 
 from __future__ import annotations
@@ -12,8 +17,18 @@ import os
 
 import schemathesis
 
+from stage4_fast.server.protocol import STRUCTURED_OUTPUT_FIELDS
+
 MAX_TOKENS = 1
 CONTEXT = int(os.environ.get("MINISGL_TEST_CONTEXT_LENGTH", "0"))
+# text the grammar compiler takes, by field: the request's own, and structured_outputs'
+COMPILABLE = {"regex": "[a-z]", "ebnf": 'root ::= "a"', "json_schema": '{"type": "object"}'}
+COMPILABLE_NESTED = {"regex": "[a-z]", "grammar": 'root ::= "a"', "json": '{"type": "object"}'}
+
+
+def _asks_for_structure(name: str, value: object) -> bool:
+    return value is not None and not (name == "response_format" and isinstance(value, dict)
+                                      and value.get("type") == "text")
 
 
 def _valid_count(value: object) -> bool:
@@ -31,3 +46,10 @@ def before_call(context, case, kwargs) -> None:
             body[key] = MAX_TOKENS
     if path != "/generate" and all(body.get(key) is None for key in keys):
         body[keys[0]] = MAX_TOKENS
+    asked = [name for name in STRUCTURED_OUTPUT_FIELDS if _asks_for_structure(name, body.get(name))]
+    for name in asked[1:]:
+        del body[name]
+    for fields, compilable in ((body, COMPILABLE), (body.get("structured_outputs"), COMPILABLE_NESTED)):
+        for name, text in compilable.items():
+            if isinstance(fields, dict) and isinstance(fields.get(name), str):
+                fields[name] = text

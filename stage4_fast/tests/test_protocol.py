@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from stage4_fast.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from stage4_fast.server.protocol import (
+    STRUCTURED_OUTPUT_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
 
 MODELS = {ChatCompletionRequest: {"messages": [{"role": "user", "content": "x"}]},
           CompletionRequest: {"prompt": "x"}, GenerateRequest: {"prompt": "x", "max_tokens": 1}}
@@ -124,20 +129,38 @@ def test_each_way_to_ask_for_structured_output_becomes_one_grammar(fields, gramm
 
 @pytest.mark.parametrize("model, base", [(CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest,
                                                                                {"messages": CHAT})])
-def test_one_structured_output_per_request_and_the_schema_says_so(model, base):
-    jsonschema = pytest.importorskip("jsonschema")
-    schema = model.model_json_schema()
+def test_one_structured_output_per_request(model, base):
     one = {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}, "json_schema": "{}",
            "regex": "a", "ebnf": 'root ::= "a"'}
+    assert tuple(one) == STRUCTURED_OUTPUT_FIELDS
     for name, value in one.items():
-        for others in ({}, {"response_format": {"type": "text"}} if name != "response_format" else {}):
-            body = {**base, name: value, **others, **{k: None for k in one if k not in (name, *others)}}
-            model.model_validate(body)
-            jsonschema.validate(body, schema)
-        for other, value2 in one.items():
+        model.model_validate({**base, name: value, **{other: None for other in one if other != name}})
+        if name != "response_format":
+            model.model_validate({**base, name: value, "response_format": {"type": "text"}})  # text: no constraint
+        for other, second in one.items():
             if other != name:
-                body = {**base, name: value, other: value2}
                 with pytest.raises(ValidationError, match="only one way to ask for structured output"):
-                    model.model_validate(body)
-                with pytest.raises(jsonschema.ValidationError):
-                    jsonschema.validate(body, schema)
+                    model.model_validate({**base, name: value, other: second})
+        assert "at most one of response_format (json), structured_outputs" in (
+            model.model_json_schema()["properties"][name]["description"])
+
+
+@pytest.mark.parametrize("outputs, valid", [
+    ({"json": {"type": "object"}}, True), ({"regex": "a"}, True), ({"choice": ["a"]}, True),
+    ({"grammar": 'root ::= "a"'}, True), ({"json_object": True}, True), ({"regex": "a", "json_object": False}, True),
+    ({"regex": "a", "choice": None}, True),
+    ({}, False), ({"json_object": False}, False), ({"regex": "a", "grammar": "b"}, False),
+    ({"regex": "a", "json_object": True}, False), ({"choice": []}, False),
+])
+def test_structured_outputs_takes_exactly_one_constraint_and_the_schema_says_so(outputs, valid):
+    jsonschema = pytest.importorskip("jsonschema")
+    body = {"prompt": "x", "structured_outputs": outputs}
+    schema = CompletionRequest.model_json_schema()
+    if valid:
+        CompletionRequest.model_validate(body)
+        jsonschema.validate(body, schema)
+    else:
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate(body)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(body, schema)
