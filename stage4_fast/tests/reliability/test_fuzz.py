@@ -12,6 +12,7 @@ import json
 from typing import Any, Dict
 
 import httpx
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -41,6 +42,12 @@ def from_schema(schema: Dict[str, Any], doc: Dict[str, Any]) -> st.SearchStrateg
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[-1]
         return from_schema(doc["components"]["schemas"][name], doc)
+    if ("anyOf" in schema or "oneOf" in schema) and "properties" in schema:
+        # an object with a rule across its fields (one of several combinations): drawn as the object, kept when a
+        # combination holds (the combinations name no other schema)
+        combinations = [jsonschema.Draft202012Validator(c) for c in schema.get("anyOf", schema.get("oneOf"))]
+        plain = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+        return from_schema(plain, doc).filter(lambda value: any(c.is_valid(value) for c in combinations))
     if "anyOf" in schema or "oneOf" in schema:
         return st.one_of([from_schema(s, doc) for s in schema.get("anyOf", schema.get("oneOf"))])
     if "const" in schema:
