@@ -321,3 +321,24 @@ def test_min_tokens_holds_the_stop_tokens_back_until_the_output_is_long_enough()
     logits[:, eos], logits[:, 9], logits[:, 11] = 30.0, 20.0, 10.0  # EOS, then 9, then 11 the likeliest
     args = sampler.prepare(Batch(reqs, "decode"))
     assert sampler.sample(logits, args).tolist() == [9, 11, eos, eos, 9, eos]
+
+
+def test_an_offline_llm_takes_a_regex_or_a_grammar_and_refuses_both(tiny_dir):
+    """SGLang's three structured output fields of SamplingParams: the random model's samples keep to a regular
+    expression or an EBNF grammar; a request with two of them is refused with the reason, the others run."""
+    pytest.importorskip("xgrammar")
+    import re
+
+    from stage4_fast.llm import LLM
+
+    params = [SamplingParams(temperature=1.0, seed=1, max_tokens=20, regex="(yes|no)-[0-9]{2}"),
+              SamplingParams(temperature=1.0, seed=2, max_tokens=20, ebnf='root ::= "x" ("a" | "b") ("a" | "b") "y"'),
+              SamplingParams(max_tokens=20, regex="a", ebnf='root ::= "a"')]
+    llm = LLM(str(tiny_dir), dtype=torch.float32, num_page_override=256)
+    try:
+        regex, grammar, both = llm.generate([[5, 6, 7]] * 3, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert re.fullmatch("(yes|no)-[0-9]{2}", regex["text"]), regex
+    assert re.fullmatch("x[ab]{2}y", grammar["text"]), grammar
+    assert "only one of json_schema, regex and ebnf" in both["error"], both
