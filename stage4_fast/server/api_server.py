@@ -9,11 +9,12 @@ for that reply before answering, so even a streamed request that the scheduler r
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from contextlib import aclosing, asynccontextmanager, suppress
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Sequence, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Sequence, Tuple, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -34,11 +35,13 @@ from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    NamedToolChoice,
     SamplingFields,
     unknown_field_message,
     usage_dict,
 )
 from .stream import Delta
+from .tool_calls import ToolCallReader, forced_schema
 
 T = TypeVar("T")
 # each endpoint's request model: the fields it implements (see protocol.py)
@@ -161,7 +164,8 @@ def _within_context(app: FastAPI, param: str, max_tokens: int | None) -> None:
 
 
 def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, logprobs: int | None = None,
-                     echo: bool = False) -> SamplingParams:
+                     echo: bool = False, grammar: Dict[str, str] | None = None) -> SamplingParams:
+    """``grammar``: the structured output, when not the request's own fields' (``SamplingFields.grammar``)."""
     max_seq_len = app.state.backend.max_seq_len
     _within_context(app, "max_tokens", max_tokens)
     return SamplingParams(
@@ -181,7 +185,7 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, 
         logit_bias=req.logit_bias_list(),
         logprobs=logprobs,
         echo=echo,
-        **req.grammar(),  # what xgrammar cannot compile comes back from the scheduler as a 400
+        **(req.grammar() if grammar is None else grammar),  # what xgrammar cannot compile: a 400 from the scheduler
         min_tokens=req.min_tokens,
     )
 
@@ -391,9 +395,12 @@ def _add_routes(app: FastAPI) -> None:
         model = _check_model(app, req.model)
         for name in ("max_completion_tokens", "max_tokens"):  # either may be sent; both must fit
             _within_context(app, name, getattr(req, name))
+        reader, grammar = _tool_calls(app, req)
         params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens,
-                                  logprobs=req.num_logprobs())
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+                                  logprobs=req.num_logprobs(), grammar=grammar)
+        if reader is not None and reader.mode == "auto":
+            params = replace(params, skip_special_tokens=False)  # a model's <tool_call> may be a special token
+        messages = [m.for_template() for m in req.messages]
         streams = open_choices(frontend(), [messages], params, req.n, req.stop_list(), req.chat_options(),
                                req.include_stop_str_in_output)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -402,8 +409,13 @@ def _add_routes(app: FastAPI) -> None:
             return chat_logprobs(d.logprobs) if req.logprobs else None
 
         def choice(index: int, d: Delta) -> Dict[str, Any]:
-            return {"index": index, "message": {"role": "assistant", "content": d.text}, "logprobs": logprobs(d),
-                    "finish_reason": d.finish_reason}
+            message: Dict[str, Any] = {"role": "assistant", "content": d.text}
+            finish = d.finish_reason
+            if reader is not None:
+                content, calls, finish = reader.whole(d.text, finish)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+            return {"index": index, "message": message, "logprobs": logprobs(d), "finish_reason": finish}
 
         def chunk(index: int, d: Delta | None) -> Dict[str, Any]:
             # as OpenAI: a first chunk per choice that names the role (d is None), content chunks, a final one
@@ -411,12 +423,33 @@ def _add_routes(app: FastAPI) -> None:
                 piece = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}
             else:
-                piece = {"index": index, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs(d),
-                         "finish_reason": d.finish_reason}
+                text, calls, finish = d.text, [], d.finish_reason
+                if reader is not None:
+                    text, calls, finish = reader.piece(index, text, finish)
+                delta: Dict[str, Any] = {"content": text} if text else {}
+                if calls:
+                    delta["tool_calls"] = calls
+                piece = {"index": index, "delta": delta, "logprobs": logprobs(d), "finish_reason": finish}
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [piece]}
 
         return await _respond(request, req, streams, choice, chunk, rid, created, model, chat=True)
+
+    def _tool_calls(app: FastAPI, req: ChatCompletionRequest) -> Tuple[ToolCallReader | None, Dict[str, str] | None]:
+        """How the request's choices are read for tool calls (None: not at all), and the grammar a forced call
+        needs (None: the request's own structured output)."""
+        mode = req.effective_tool_choice()
+        if mode == "none":
+            return None, None
+        if mode == "auto":
+            if app.state.config.tool_call_parser is None:
+                raise APIError(400, "tool_choice auto (the default with tools) needs a server started with "
+                               "--tool-call-parser; send tool_choice none, required or a named tool",
+                               "invalid_value", param="tool_choice")
+            return ToolCallReader("auto"), None
+        name = mode.function.name if isinstance(mode, NamedToolChoice) else None
+        return (ToolCallReader("forced", name),
+                {"json_schema": json.dumps(forced_schema(req.tool_dicts(), name))})
 
     async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIterator[Delta]], choice, chunk,
                        rid: str, created: int, model: str, chat: bool) -> Response:

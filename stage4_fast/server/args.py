@@ -35,6 +35,7 @@ class ServerArgs(SchedulerConfig):
     access_log: bool = True  # uvicorn's line per request (vLLM's --disable-uvicorn-access-log turns it off)
     log_requests: bool = False  # a line per request received and ended (request_log.py)
     max_log_len: int | None = None  # prompt characters or token ids such a line shows (None: all)
+    tool_call_parser: str | None = None  # how tool_choice auto finds calls in the output (tool_calls.py)
     # exposure limits (not upstream): see guard.py; repr=False keeps the key out of any log of the config
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
@@ -185,6 +186,8 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     except StartupError as e:
         parser.error(str(e))
     shell = kwargs.pop("shell")
+    if kwargs.pop("enable_auto_tool_choice") and kwargs["tool_call_parser"] is None:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser (the format the calls are read in)")
     if kwargs["api_server_count"] > 1 and (why := _api_servers_problem(shell)):
         parser.error(f"--api-server-count {kwargs['api_server_count']}: {why}")
     tp = kwargs.pop("tp")

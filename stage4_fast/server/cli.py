@@ -18,6 +18,7 @@ import torch
 from ..attention import SUPPORTED_ATTENTION_BACKENDS, validate_attn_backend
 from ..kvcache import KV_CACHE_DTYPE_CHOICES
 from ..moe import SUPPORTED_MOE_BACKENDS
+from .tool_calls import TOOL_CALL_PARSERS
 
 DEFAULT_PROG = "python -m stage4_fast"
 
@@ -230,6 +231,12 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
                    help="vLLM's older spelling of the default: no request log")
     g.add_argument("--max-log-len", type=_non_negative_int, default=None, metavar="N",
                    help="prompt characters or token ids a request's log line shows (vLLM's flag; default: all)")
+    g.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=None,
+                   help="read tool calls out of the output for tool_choice auto: hermes (vLLM's name) or qwen25 "
+                        "(SGLang's) for Hermes', Qwen2.5's and Qwen3's <tool_call> blocks")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's switch for tool_choice auto: here --tool-call-parser alone turns it on, and this "
+                        "flag needs it")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")
     return p

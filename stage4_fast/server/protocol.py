@@ -149,9 +149,7 @@ NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
 }
 NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
     **NOT_IMPLEMENTED_SAMPLING,
-    "tools": _NI(([],), "tool calls"),
-    "tool_choice": _NI(("none",), "tool calls"),
-    "parallel_tool_calls": _NI((), "tool calls"),
+    "parallel_tool_calls": _NI((True,), "at most one tool call"),
     "functions": _NI(([],), "function calls"),
     "function_call": _NI(("none",), "function calls"),
     "modalities": _NI((["text"],), "output other than text"),
@@ -212,12 +210,100 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str | List[TextPart]
+Content = str | List[TextPart]
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+def _text(content: Content | None) -> str:
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="JSON text")
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class SystemOrUserMessage(_Strict):
+    role: Literal["system", "user"]
+    content: Content
+
+    def for_template(self) -> Dict[str, Any]:
+        return {"role": self.role, "content": _text(self.content)}
+
+
+def _assistant_rules(schema: Dict[str, Any], cls: type) -> None:
+    # the schema states the rule _check_content enforces: content, or tool calls
+    schema["anyOf"] = [{"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+                       {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array", "minItems": 1}}}]
+
+
+class AssistantMessage(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_assistant_rules)
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: List[ToolCall] | None = Field(None, description="the calls this turn made (content may be null)")
+
+    @model_validator(mode="after")
+    def _check_content(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
+
+    def for_template(self) -> Dict[str, Any]:
+        message: Dict[str, Any] = {"role": "assistant", "content": _text(self.content)}
+        if self.tool_calls:
+            # chat templates write the arguments as JSON themselves (`| tojson`): they get the object, as vLLM
+            # hands them
+            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        return message
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class ToolMessage(_Strict):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str = Field(description="the call this message answers")
+
+    def for_template(self) -> Dict[str, Any]:
+        return {"role": "tool", "content": _text(self.content), "tool_call_id": self.tool_call_id}
+
+
+ChatMessage = Annotated[SystemOrUserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")  # OpenAI's rule
+    description: str | None = None
+    parameters: Dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Strict):
@@ -444,6 +530,11 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: Dict[str, TemplateValue] | None = Field(
         None, description="more variables for the model's chat template, e.g. {\"enable_thinking\": false} for "
                           "Qwen3")
+    tools: List[Tool] | None = Field(None, description="functions the model may call (the chat template renders "
+                                                       "them; a template that does not is a 400)")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto with tools (needs --tool-call-parser), none without; required or a named "
+                          "tool hold the output to calls (JSON)")
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -461,15 +552,43 @@ class ChatCompletionRequest(SamplingFields):
                              f"use the request field where there is one)")
         return self
 
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        names = [t.function.name for t in self.tools or []]
+        if choice not in (None, "none") and not names:
+            raise ValueError("tool_choice other than none needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in tools")
+        if self.forced_tool() and self.grammar():
+            raise ValueError("tool_choice required or a named tool holds the output to JSON already: no other "
+                             "structured output with it")
+        return self
+
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: auto when there are tools, none otherwise."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+    def forced_tool(self) -> bool:
+        """Whether the output is held to tool calls (required, or a named tool)."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+
+    def tool_dicts(self) -> List[Dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
     def chat_options(self) -> Dict[str, Any] | None:
-        """The chat template's keyword arguments beyond the default (None: add_generation_prompt=True only)."""
+        """The chat template's keyword arguments beyond the default (None: add_generation_prompt=True only). Tools
+        go to the template whatever the tool_choice (vLLM's default, none included)."""
         add = self.add_generation_prompt
         if add is None:
             add = not self.continue_final_message
-        if add and not self.continue_final_message and not self.chat_template_kwargs:
+        if add and not self.continue_final_message and not self.chat_template_kwargs and not self.tools:
             return None
         return {**(self.chat_template_kwargs or {}), "add_generation_prompt": add,
-                "continue_final_message": self.continue_final_message}
+                "continue_final_message": self.continue_final_message,
+                **({"tools": self.tool_dicts()} if self.tools else {})}
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

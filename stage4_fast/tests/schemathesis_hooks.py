@@ -8,7 +8,9 @@ are left alone: they must still be refused.
 A body that asks for structured output in more than one way keeps only the first: the server refuses the rest
 (400), and the schema states that rule in words only (``protocol._sampling_request_rules`` says why). A regular
 expression, grammar or schema given as text is a string to the schema, and compiles or is a 400 at run time (as a
-context length is a bound known at run time); a string there becomes one that compiles.
+context length is a bound known at run time); a string there becomes one that compiles. The tiny model's chat
+template renders no tools, which the server finds out at run time (a 400): a chat body's tools and tool_choice are
+left out (``tests/test_tool_calls.py`` serves them with a template that renders them).
 """
 
 from __future__ import annotations
@@ -53,3 +55,6 @@ def before_call(context, case, kwargs) -> None:
         for name, text in compilable.items():
             if isinstance(fields, dict) and isinstance(fields.get(name), str):
                 fields[name] = text
+    if path == "/v1/chat/completions":
+        body.pop("tools", None)
+        body.pop("tool_choice", None)

@@ -55,8 +55,9 @@ CASES = [
     ("top_p above one", CHAT, {"messages": MSG, "top_p": 1.5}, 400, "invalid_value"),
     ("stream not a bool", CHAT, {"messages": MSG, "stream": "yes"}, 400, "invalid_value"),
     # fields the server does not implement are refused by name, never ignored (a client asking for JSON got prose)
-    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
-     "unsupported_parameter"),
+    ("tools with auto but no parser", CHAT,
+     {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "invalid_value"),
+    ("parallel_tool_calls false", CHAT, {"messages": MSG, "parallel_tool_calls": False}, 400, "unsupported_parameter"),
     ("reasoning_effort", CHAT, {"messages": MSG, "reasoning_effort": "low"}, 400, "unsupported_parameter"),
     ("min_tokens with a stop string", CHAT, {"messages": MSG, "min_tokens": 4, "stop": "."}, 400, "invalid_value"),
     ("unknown field", COMPLETIONS, {"prompt": "a", "max_token": 3}, 400, "unknown_parameter"),
@@ -112,7 +113,7 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(tiny_server, name,
 
 
 @pytest.mark.parametrize("path, body, param, says", [
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calls"),
+    (CHAT, {"messages": MSG, "functions": [{"name": "f"}]}, "functions", "function calls"),
     (COMPLETIONS, {"prompt": "a", "suffix": "b"}, "suffix", "insertion"),
     (COMPLETIONS, {"prompt": "a", "max_token": 3}, "max_token", "did you mean 'max_tokens'"),
     (COMPLETIONS, {"prompt": "a", "structured_outputs": {"regex": "a", "whitespace_pattern": " "}},

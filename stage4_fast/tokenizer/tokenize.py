@@ -28,6 +28,9 @@ class TokenizeManager:
             if not self.tokenizer.chat_template:
                 raise ValueError("this model has no chat template; use /v1/completions with a raw prompt")
             options = {"add_generation_prompt": True, **(chat_options or {})}
+            if options.get("tools") and "tools" not in str(self.tokenizer.chat_template):
+                # the model would never see them, and the client would wait for calls that cannot come
+                raise ValueError("this model's chat template does not render tools")
             prompt = self.tokenizer.apply_chat_template(text, tokenize=False, **options)
             # The template already wrote every special token the model expects (BOS included). Upstream encoded
             # the rendered text with special tokens on, which puts a second BOS in front on Llama 3.

@@ -1,0 +1,154 @@
+"""Tool calls: the model's output read back as OpenAI ``tool_calls``.
+
+``tool_choice: "auto"`` leaves the model free and a parser (``--tool-call-parser``) finds the calls in its text.
+The one format here is Hermes' (also Qwen2.5's and Qwen3's): ``<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`` blocks, one per call; the text outside them is the message's content. vLLM calls this parser
+``hermes``, SGLang ``qwen25``.
+
+``"required"`` and a named tool need no parser: the output is constrained to JSON (a schema through the
+structured-output path), as vLLM does it — a list of ``{"name", "arguments"}`` objects, or the named tool's
+arguments.
+
+A stream shows content as it comes and each call once its block is complete, with its whole arguments in one
+delta (vLLM streams the arguments in pieces; a client that joins the pieces reads the same).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+# --tool-call-parser: vLLM's and SGLang's names of the one format parsed here
+TOOL_CALL_PARSERS = ("hermes", "qwen25")
+START, END = "<tool_call>", "</tool_call>"
+
+
+def new_call(name: str, arguments: str) -> Dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _block_call(block: str) -> Dict[str, Any] | None:
+    """A call from the text between the tags; None when it is not one (then it stays text)."""
+    try:
+        data = json.loads(block)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    return new_call(data["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+def _held_prefix(text: str) -> int:
+    """How many trailing characters of ``text`` could begin START (held back until the next piece says)."""
+    for n in range(min(len(START) - 1, len(text)), 0, -1):
+        if START.startswith(text[-n:]):
+            return n
+    return 0
+
+
+@dataclass
+class HermesStream:
+    """One choice's text, piece by piece: what to show as content now, and the calls completed so far."""
+
+    pending: str = ""  # text not shown yet: a possible START's beginning, or an open block
+    calls: List[Dict[str, Any]] = field(default_factory=list)
+
+    def feed(self, piece: str, final: bool = False) -> Tuple[str, List[Dict[str, Any]]]:
+        text, shown, new_calls = self.pending + piece, [], []
+        while True:
+            start = text.find(START)
+            if start < 0:
+                break
+            end = text.find(END, start + len(START))
+            if end < 0:
+                break
+            shown.append(text[:start])
+            call = _block_call(text[start + len(START) : end].strip())
+            if call is None:  # not a call after all: its text is content
+                shown.append(text[start : end + len(END)])
+            else:
+                new_calls.append(call)
+            text = text[end + len(END) :]
+        if final:
+            shown.append(text)  # an unfinished block is text
+            text = ""
+        else:
+            start = text.find(START)
+            keep = len(text) - start if start >= 0 else _held_prefix(text)
+            shown.append(text[: len(text) - keep])
+            text = text[len(text) - keep :]
+        self.pending = text
+        self.calls.extend(new_calls)
+        return "".join(shown), new_calls
+
+
+def parse_hermes(text: str) -> Tuple[str, List[Dict[str, Any]]]:
+    """A whole output: (content, calls)."""
+    return HermesStream().feed(text, final=True)
+
+
+def forced_schema(tools: List[Dict[str, Any]], name: str | None) -> Dict[str, Any]:
+    """The JSON the output is held to: a named tool's arguments, or (``"required"``) a non-empty list of calls to
+    any of ``tools`` (OpenAI tool dicts)."""
+    params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
+    if name is not None:
+        return params[name]
+    calls = [{"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
+              "properties": {"name": {"const": n}, "arguments": p}} for n, p in params.items()]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+
+
+def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
+    """The calls of an output held to ``forced_schema`` (none when it was cut short and does not parse)."""
+    if name is not None:
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            return []
+        return [new_call(name, text)]
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    return [new_call(item["name"], json.dumps(item["arguments"])) for item in items]
+
+
+class ToolCallReader:
+    """A chat request's choices read for tool calls: ``"auto"`` through the Hermes parser, ``forced`` (required or
+    a named tool: ``name``) as the JSON the output was held to. Streamed choices keep their state here."""
+
+    def __init__(self, mode: str, name: str | None = None) -> None:
+        self.mode, self.name = mode, name
+        self.streams: Dict[int, HermesStream] = {}
+        self.held: Dict[int, str] = {}  # a forced choice's output so far
+        self.emitted: Dict[int, int] = {}  # calls streamed per choice
+
+    def whole(self, text: str, finish: str | None) -> Tuple[str | None, List[Dict[str, Any]], str | None]:
+        """A finished choice: (content, calls, finish_reason)."""
+        if self.mode == "auto":
+            content, calls = parse_hermes(text)
+        else:
+            calls = forced_calls(text, self.name)
+            content = "" if calls else text
+        return (content or None, calls, "tool_calls" if calls and finish == "stop" else finish)
+
+    def piece(self, index: int, text: str, finish: str | None
+              ) -> Tuple[str, List[Dict[str, Any]], str | None]:
+        """A streamed delta of choice ``index``: (content to show, new calls with their ``index``, finish_reason)."""
+        if self.mode == "auto":
+            content, calls = self.streams.setdefault(index, HermesStream()).feed(text, final=finish is not None)
+        else:
+            self.held[index] = self.held.get(index, "") + text
+            content, calls = "", []
+            if finish is not None:
+                calls = forced_calls(self.held[index], self.name)
+                content = "" if calls else self.held[index]
+        first = self.emitted.get(index, 0)
+        self.emitted[index] = first + len(calls)
+        if finish == "stop" and self.emitted[index]:
+            finish = "tool_calls"
+        return content, [{"index": first + k, **call} for k, call in enumerate(calls)], finish
