@@ -177,6 +177,8 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     parser = build_parser(run_shell, prog or prog_name())
     kwargs = dict(vars(parser.parse_args(args)))
     given_model = kwargs.pop("model_path")
+    if kwargs.pop("enable_auto_tool_choice") and kwargs["tool_call_parser"] is None:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser (the format the calls are read in)")
     if kwargs.pop("load_format") == "dummy":
         kwargs["use_dummy_weight"] = True
     if kwargs.pop("trust_remote_code"):
@@ -186,8 +188,6 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     except StartupError as e:
         parser.error(str(e))
     shell = kwargs.pop("shell")
-    if kwargs.pop("enable_auto_tool_choice") and kwargs["tool_call_parser"] is None:
-        parser.error("--enable-auto-tool-choice needs --tool-call-parser (the format the calls are read in)")
     if kwargs["api_server_count"] > 1 and (why := _api_servers_problem(shell)):
         parser.error(f"--api-server-count {kwargs['api_server_count']}: {why}")
     tp = kwargs.pop("tp")

@@ -43,6 +43,8 @@ def _parse(tiny_dir: Path, *flags: str):
     (["--log-requests"], "log_requests", True),
     (["--disable-log-requests"], "log_requests", False),
     (["--max-log-len", "40"], "max_log_len", 40),
+    (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
+    (["--tool-call-parser", "qwen25", "--enable-auto-tool-choice"], "tool_call_parser", "qwen25"),
     (["--dtype", "half"], "dtype", torch.float16),
     (["--dtype", "fp16"], "dtype", torch.float16),
     (["--dtype", "bf16"], "dtype", torch.bfloat16),
@@ -106,6 +108,8 @@ def test_prefixes_are_not_guessed(capsys):
     (["--model", str(REPO / "stage4_fast")], "has no config.json"),
     (["--attn", "flash"], "unsupported attention backend 'flash'"),
     (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    (["--tool-call-parser", "mistral"], "argument --tool-call-parser: invalid choice: 'mistral'"),
 ])
 def test_bad_values_are_one_line(capsys, argv, says):
     assert says in _refusal(capsys, argv)
