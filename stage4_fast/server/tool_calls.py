@@ -114,7 +114,10 @@ def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
         items = json.loads(text)
     except json.JSONDecodeError:
         return []
-    return [new_call(item["name"], json.dumps(item["arguments"])) for item in items]
+    if not isinstance(items, list) or not all(isinstance(item, dict) and isinstance(item.get("name"), str)
+                                              for item in items):
+        return []  # (the grammar allows nothing else; a broken one must not cost the request its reply)
+    return [new_call(item["name"], json.dumps(item.get("arguments", {}))) for item in items]
 
 
 class ToolCallReader:

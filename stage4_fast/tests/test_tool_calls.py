@@ -110,6 +110,7 @@ def test_forced_calls_read_the_json_the_schema_holds_the_output_to():
         jsonschema.validate([{"name": "get_time", "arguments": {"city": "Lyon"}}], required)
     assert _calls(forced_calls(output, None)) == [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Lyon"})]
     assert forced_calls('{"zone": "C', "get_time") == [] and forced_calls("[", None) == []  # cut short
+    assert forced_calls('{"name": "get_time"}', None) == forced_calls("[1]", None) == []  # not a list of calls
 
 
 # ---- the request --------------------------------------------------------------------------------------------------
