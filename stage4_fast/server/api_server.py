@@ -40,6 +40,7 @@ from .protocol import (
     unknown_field_message,
     usage_dict,
 )
+from .reasoning import ReasoningStream, split_reasoning
 from .stream import Delta
 from .tool_calls import ToolCallReader, forced_schema
 
@@ -404,6 +405,10 @@ def _add_routes(app: FastAPI) -> None:
         streams = open_choices(frontend(), [messages], params, req.n, req.stop_list(), req.chat_options(),
                                req.include_stop_str_in_output)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        # the thinking block first (--reasoning-parser; SGLang's separate_reasoning false keeps it in the content),
+        # then tool calls in what follows it
+        thinking = app.state.config.reasoning_parser if req.separate_reasoning else None
+        thoughts: Dict[int, ReasoningStream] = {}
 
         def logprobs(d: Delta) -> Dict[str, Any] | None:
             return chat_logprobs(d.logprobs) if req.logprobs else None
@@ -411,10 +416,12 @@ def _add_routes(app: FastAPI) -> None:
         def choice(index: int, d: Delta) -> Dict[str, Any]:
             message: Dict[str, Any] = {"role": "assistant", "content": d.text}
             finish = d.finish_reason
+            if thinking is not None:
+                message["reasoning_content"], message["content"] = split_reasoning(thinking, d.text)
             if reader is not None:
-                content, calls, finish = reader.whole(d.text, finish)
+                content, calls, finish = reader.whole(message["content"], finish)
                 if calls:
-                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    message.update(content=content, tool_calls=calls)
             return {"index": index, "message": message, "logprobs": logprobs(d), "finish_reason": finish}
 
         def chunk(index: int, d: Delta | None) -> Dict[str, Any]:
@@ -423,10 +430,15 @@ def _add_routes(app: FastAPI) -> None:
                 piece = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}
             else:
-                text, calls, finish = d.text, [], d.finish_reason
+                text, calls, finish, reasoning = d.text, [], d.finish_reason, ""
+                if thinking is not None:
+                    stream = thoughts.setdefault(index, ReasoningStream(thinking, req.stream_reasoning))
+                    reasoning, text = stream.feed(text, final=finish is not None)
                 if reader is not None:
                     text, calls, finish = reader.piece(index, text, finish)
-                delta: Dict[str, Any] = {"content": text} if text else {}
+                delta: Dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
+                if text:
+                    delta["content"] = text
                 if calls:
                     delta["tool_calls"] = calls
                 piece = {"index": index, "delta": delta, "logprobs": logprobs(d), "finish_reason": finish}

@@ -36,6 +36,7 @@ class ServerArgs(SchedulerConfig):
     log_requests: bool = False  # a line per request received and ended (request_log.py)
     max_log_len: int | None = None  # prompt characters or token ids such a line shows (None: all)
     tool_call_parser: str | None = None  # how tool_choice auto finds calls in the output (tool_calls.py)
+    reasoning_parser: str | None = None  # how a thinking block is read out into reasoning_content (reasoning.py)
     # exposure limits (not upstream): see guard.py; repr=False keeps the key out of any log of the config
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20

@@ -18,6 +18,7 @@ import torch
 from ..attention import SUPPORTED_ATTENTION_BACKENDS, validate_attn_backend
 from ..kvcache import KV_CACHE_DTYPE_CHOICES
 from ..moe import SUPPORTED_MOE_BACKENDS
+from .reasoning import REASONING_PARSERS
 from .tool_calls import TOOL_CALL_PARSERS
 
 DEFAULT_PROG = "python -m stage4_fast"
@@ -237,6 +238,9 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's switch for tool_choice auto: here --tool-call-parser alone turns it on, and this "
                         "flag needs it")
+    g.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
+                   help="read a thinking model's <think> block out into reasoning_content: qwen3, or deepseek-r1 "
+                        "(deepseek_r1 in vLLM) whose template opens the block in the prompt")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")
     return p

@@ -157,9 +157,6 @@ NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
     "prediction": _NI((), "predicted outputs"),
     "reasoning_effort": _NI((), "reasoning effort"),
     "web_search_options": _NI((), "web search"),
-    # SGLang's (sent by sglang-router); without a reasoning parser, as here, SGLang ignores either value too
-    "separate_reasoning": _NI((True, False), "a reasoning parser"),
-    "stream_reasoning": _NI((True, False), "a reasoning parser"),
 }
 NOT_IMPLEMENTED_COMPLETION: Dict[str, NotImplementedField] = {
     **NOT_IMPLEMENTED_SAMPLING,
@@ -530,6 +527,11 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: Dict[str, TemplateValue] | None = Field(
         None, description="more variables for the model's chat template, e.g. {\"enable_thinking\": false} for "
                           "Qwen3")
+    # SGLang's (sglang-router sends them): what --reasoning-parser does with a thinking block (nothing without one)
+    separate_reasoning: bool = Field(True, description="SGLang extension: the thinking block goes to "
+                                                       "reasoning_content (false: it stays in the content)")
+    stream_reasoning: bool = Field(True, description="SGLang extension: false sends the reasoning whole once it "
+                                                     "ends")
     tools: List[Tool] | None = Field(None, description="functions the model may call (the chat template renders "
                                                        "them; a template that does not is a 400)")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(

@@ -148,6 +148,43 @@ def tiny_server(tiny_dir: Path) -> Iterator[ServerProcess]:
         yield server
 
 
+# the tiny model's chat template with tools, Hermes-style: the tools in a system turn, each call of an assistant
+# turn in <tool_call> tags
+TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
+You may call these functions, each as <tool_call>{"name": ..., "arguments": ...}</tool_call>:
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}<|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{% if message.content %}{{ message.content }}{% endif %}
+{%- for call in message.tool_calls or [] %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+
+@pytest.fixture(scope="session")
+def tools_model(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random model with a chat template that renders tools."""
+    model = tmp_path_factory.mktemp("tiny-qwen3-tools")
+    for item in tiny_dir.iterdir():
+        if item.name != "chat_template.jinja":
+            os.symlink(item, model / item.name)
+    (model / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tools_server(tools_model: Path) -> Iterator[ServerProcess]:
+    """A server that reads tool calls (Hermes) and thinking blocks (Qwen3) out of the output."""
+    args = ["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+    with server_process(str(tools_model), num_pages=4096, extra_args=args) as server:
+        yield server
+
+
 # ---- stage 4: same-interface fakes of the GPU attention libraries (tests/fakes) ----------------------------------
 
 

@@ -45,6 +45,8 @@ def _parse(tiny_dir: Path, *flags: str):
     (["--max-log-len", "40"], "max_log_len", 40),
     (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
     (["--tool-call-parser", "qwen25", "--enable-auto-tool-choice"], "tool_call_parser", "qwen25"),
+    (["--reasoning-parser", "qwen3"], "reasoning_parser", "qwen3"),
+    (["--reasoning-parser", "deepseek_r1"], "reasoning_parser", "deepseek_r1"),
     (["--dtype", "half"], "dtype", torch.float16),
     (["--dtype", "fp16"], "dtype", torch.float16),
     (["--dtype", "bf16"], "dtype", torch.bfloat16),

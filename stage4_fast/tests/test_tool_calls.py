@@ -1,13 +1,11 @@
 """Tool calls: the Hermes parser (whole and streamed), the JSON a forced call is held to, the request rules, and a
-server whose model's chat template renders tools (the tiny random model with a Hermes-style template written here).
+server whose model's chat template renders tools (``tools_server``: the tiny random model with a Hermes-style
+template, conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
-from typing import Iterator
 
 import httpx
 import openai
@@ -17,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from transformers import AutoTokenizer
 
-from stage4_fast.harness import ServerProcess, server_process
+from stage4_fast.harness import ServerProcess
 from stage4_fast.server.protocol import ChatCompletionRequest
 from stage4_fast.server.tool_calls import HermesStream, forced_calls, forced_schema, parse_hermes
 
@@ -28,22 +26,6 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "required": ["zone"], "properties": {"zone": {"enum": ["UTC", "CET"]}}}}}
 TOOLS = [WEATHER, TIME]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-# a Hermes-style template (the tools in a system turn, each call of an assistant turn in <tool_call> tags)
-TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
-You may call these functions, each as <tool_call>{"name": ..., "arguments": ...}</tool_call>:
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}<|im_end|>
-{% endif %}
-{%- for message in messages %}<|im_start|>{{ message.role }}
-{% if message.content %}{{ message.content }}{% endif %}
-{%- for call in message.tool_calls or [] %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
 
 # ---- the Hermes parser ---------------------------------------------------------------------------------------------
 
@@ -144,23 +126,6 @@ def test_tools_reach_the_template_whatever_the_tool_choice():
 
 
 # ---- a server -----------------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tools_model(tiny_dir: Path, tmp_path_factory) -> Path:
-    """The tiny random model with a chat template that renders tools."""
-    model = tmp_path_factory.mktemp("tiny-qwen3-tools")
-    for item in tiny_dir.iterdir():
-        if item.name != "chat_template.jinja":
-            os.symlink(item, model / item.name)
-    (model / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
-    return model
-
-
-@pytest.fixture(scope="module")
-def tools_server(tools_model: Path) -> Iterator[ServerProcess]:
-    with server_process(str(tools_model), num_pages=4096, extra_args=["--tool-call-parser", "hermes"]) as server:
-        yield server
-
 
 @pytest.fixture(scope="module")
 def client(tools_server: ServerProcess) -> openai.OpenAI:

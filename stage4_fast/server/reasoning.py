@@ -1,0 +1,90 @@
+"""Reasoning: a thinking model's ``<think>...</think>`` block read out of the output into ``reasoning_content``
+(``--reasoning-parser``, vLLM's and SGLang's flag; the field name both use).
+
+- ``qwen3``: Qwen3 writes the block itself when it thinks; an output that does not start with ``<think>`` (thinking
+  off, e.g. ``chat_template_kwargs: {"enable_thinking": false}``) is all content.
+- ``deepseek-r1`` (vLLM spells it ``deepseek_r1``): the chat template opens the block in the prompt, so the output
+  starts inside it (a ``<think>`` the model writes anyway is dropped).
+
+The block runs to ``</think>``, or to the end of an output cut short (then it is all reasoning, streamed or not: a
+stream cannot take back reasoning it already sent). What follows ``</think>`` is the content, where tool calls are
+read too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+REASONING_PARSERS = ("qwen3", "deepseek-r1", "deepseek_r1")
+START, END = "<think>", "</think>"
+
+
+def _ends_with_prefix_of(text: str, tag: str) -> int:
+    """How many trailing characters of ``text`` could begin ``tag`` (held back until the next piece says)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+@dataclass
+class ReasoningStream:
+    """One choice's text, piece by piece: (reasoning, content) to show now. ``stream_reasoning`` false (SGLang's
+    field) holds the reasoning back and sends it whole when the block ends."""
+
+    parser: str
+    stream_reasoning: bool = True
+    state: str = "start"  # start (qwen3: is there a block?), inside, after
+    pending: str = ""  # text not placed yet: a possible tag's beginning
+    held: List[str] = field(default_factory=list)  # reasoning kept back (stream_reasoning false)
+
+    def __post_init__(self) -> None:
+        if self.parser != "qwen3":
+            self.state = "inside"
+            self._drop_start = True  # deepseek-r1: a <think> the model writes anyway
+        else:
+            self._drop_start = False
+
+    def feed(self, piece: str, final: bool = False) -> Tuple[str, str]:
+        text, reasoning, content = self.pending + piece, "", ""
+        self.pending = ""
+        if self.state == "start" or self._drop_start:
+            stripped = text.lstrip()
+            if stripped.startswith(START):
+                text = stripped[len(START):]
+                self.state, self._drop_start = "inside", False
+            elif START.startswith(stripped) and not final:
+                self.pending = text  # (blank, or the tag's beginning so far)
+                return self._out("", "", final)
+            else:
+                self._drop_start = False
+                if self.state == "start":
+                    self.state = "after"
+        if self.state == "inside":
+            end = text.find(END)
+            if end >= 0:
+                reasoning, text = text[:end], text[end + len(END):]
+                self.state = "after"
+            else:
+                keep = 0 if final else _ends_with_prefix_of(text, END)
+                reasoning, self.pending = text[: len(text) - keep], text[len(text) - keep:]
+                text = ""
+        if self.state == "after":
+            content = text
+        return self._out(reasoning, content, final)
+
+    def _out(self, reasoning: str, content: str, final: bool) -> Tuple[str, str]:
+        if self.stream_reasoning:
+            return reasoning, content
+        self.held.append(reasoning)
+        if self.state == "after" or final:
+            whole, self.held = "".join(self.held), []
+            return whole, content
+        return "", content
+
+
+def split_reasoning(parser: str, text: str) -> Tuple[str | None, str]:
+    """A whole output: (reasoning, content); reasoning None when the output has no block (or an empty one)."""
+    reasoning, content = ReasoningStream(parser).feed(text, final=True)
+    return reasoning or None, content
