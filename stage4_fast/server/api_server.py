@@ -396,7 +396,7 @@ def _add_routes(app: FastAPI) -> None:
         model = _check_model(app, req.model)
         for name in ("max_completion_tokens", "max_tokens"):  # either may be sent; both must fit
             _within_context(app, name, getattr(req, name))
-        reader, grammar = _tool_calls(app, req)
+        reader, grammar = _tool_calls(req)
         params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens,
                                   logprobs=req.num_logprobs(), grammar=grammar)
         if reader is not None and reader.mode == "auto":
@@ -447,7 +447,7 @@ def _add_routes(app: FastAPI) -> None:
 
         return await _respond(request, req, streams, choice, chunk, rid, created, model, chat=True)
 
-    def _tool_calls(app: FastAPI, req: ChatCompletionRequest) -> Tuple[ToolCallReader | None, Dict[str, str] | None]:
+    def _tool_calls(req: ChatCompletionRequest) -> Tuple[ToolCallReader | None, Dict[str, str] | None]:
         """How the request's choices are read for tool calls (None: not at all), and the grammar a forced call
         needs (None: the request's own structured output)."""
         mode = req.effective_tool_choice()

@@ -16,16 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
+from .tags import tag_start_len
+
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "deepseek_r1")
 START, END = "<think>", "</think>"
-
-
-def _ends_with_prefix_of(text: str, tag: str) -> int:
-    """How many trailing characters of ``text`` could begin ``tag`` (held back until the next piece says)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 @dataclass
@@ -67,7 +61,7 @@ class ReasoningStream:
                 reasoning, text = text[:end], text[end + len(END):]
                 self.state = "after"
             else:
-                keep = 0 if final else _ends_with_prefix_of(text, END)
+                keep = 0 if final else tag_start_len(text, END)
                 reasoning, self.pending = text[: len(text) - keep], text[len(text) - keep:]
                 text = ""
         if self.state == "after":

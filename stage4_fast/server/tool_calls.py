@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from .tags import tag_start_len
+
 # --tool-call-parser: vLLM's and SGLang's names of the one format parsed here
 TOOL_CALL_PARSERS = ("hermes", "qwen25")
 START, END = "<tool_call>", "</tool_call>"
@@ -40,14 +42,6 @@ def _block_call(block: str) -> Dict[str, Any] | None:
         return None
     arguments = data.get("arguments", data.get("parameters", {}))
     return new_call(data["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
-
-
-def _held_prefix(text: str) -> int:
-    """How many trailing characters of ``text`` could begin START (held back until the next piece says)."""
-    for n in range(min(len(START) - 1, len(text)), 0, -1):
-        if START.startswith(text[-n:]):
-            return n
-    return 0
 
 
 @dataclass
@@ -78,7 +72,7 @@ class HermesStream:
             text = ""
         else:
             start = text.find(START)
-            keep = len(text) - start if start >= 0 else _held_prefix(text)
+            keep = len(text) - start if start >= 0 else tag_start_len(text, START)
             shown.append(text[: len(text) - keep])
             text = text[len(text) - keep :]
         self.pending = text
