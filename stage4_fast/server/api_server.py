@@ -34,20 +34,23 @@ from .protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     GenerateRequest,
     NamedToolChoice,
     SamplingFields,
+    TokenizeRequest,
     unknown_field_message,
     usage_dict,
 )
 from .reasoning import ReasoningStream, split_reasoning
 from .stream import Delta
+from .tokenize_api import add_tokenize_routes
 from .tool_calls import ToolCallReader, forced_schema
 
 T = TypeVar("T")
 # each endpoint's request model: the fields it implements (see protocol.py)
 REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
-                  "/generate": GenerateRequest}
+                  "/generate": GenerateRequest, "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 
 
 @dataclass
@@ -89,6 +92,7 @@ def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, cre
     app.state.created = int(time.time()) if created is None else created
     _install_error_handlers(app)
     _add_routes(app)
+    add_tokenize_routes(app, _check_model)
     install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
                     api_key=config.api_key is not None)
     return app

@@ -499,26 +499,26 @@ CHAT_TEMPLATE_RESERVED = frozenset({
 })
 
 
-def _chat_request_rules(schema: Dict[str, Any], cls: type) -> None:
-    _sampling_request_rules(schema, cls)
-    # the schema states the rules the validators enforce: top_logprobs only with logprobs (OpenAI's and vLLM's),
-    # add_generation_prompt and continue_final_message not both true (vLLM's)
-    schema["if"] = {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]}
-    schema["then"] = {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}
+def _template_rules(schema: Dict[str, Any]) -> None:
+    # the schema states the rules ChatTemplateFields enforces: add_generation_prompt and continue_final_message not
+    # both true (vLLM's), no template-call parameter among the kwargs
     both = ["add_generation_prompt", "continue_final_message"]
     schema["not"] = {"properties": {name: {"const": True} for name in both}, "required": both}
     kwargs = schema["properties"]["chat_template_kwargs"]["anyOf"][0]
     kwargs["propertyNames"] = {"not": {"enum": sorted(CHAT_TEMPLATE_RESERVED)}}
 
 
-class ChatCompletionRequest(SamplingFields):
-    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_chat_request_rules)
-    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
-    messages: List[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
-    logprobs: bool = Field(False, description="the logprob of every output token")
-    top_logprobs: TopLogprobs | None = Field(None, description="and of the most likely ones (needs logprobs)")
-    # vLLM's and SGLang's chat template options
+def _chat_request_rules(schema: Dict[str, Any], cls: type) -> None:
+    _sampling_request_rules(schema, cls)
+    _template_rules(schema)
+    # top_logprobs only with logprobs (OpenAI's and vLLM's)
+    schema["if"] = {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]}
+    schema["then"] = {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}
+
+
+class ChatTemplateFields(_Strict):
+    """What renders chat messages into a prompt: vLLM's and SGLang's chat template options, and the tools."""
+
     add_generation_prompt: bool | None = Field(
         None, description="end the prompt with the template's assistant header (default: true, unless "
                           "continue_final_message)")
@@ -527,13 +527,47 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: Dict[str, TemplateValue] | None = Field(
         None, description="more variables for the model's chat template, e.g. {\"enable_thinking\": false} for "
                           "Qwen3")
+    tools: List[Tool] | None = Field(None, description="functions the model may call (the chat template renders "
+                                                       "them; a template that does not is a 400)")
+
+    @model_validator(mode="after")
+    def _check_template_options(self) -> ChatTemplateFields:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs cannot set {reserved[0]!r} (a parameter of the template call; "
+                             f"use the request field where there is one)")
+        return self
+
+    def tool_dicts(self) -> List[Dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+    def chat_options(self) -> Dict[str, Any] | None:
+        """The chat template's keyword arguments beyond the default (None: add_generation_prompt=True only). Tools
+        go to the template whatever the tool_choice (vLLM's default, none included)."""
+        add = self.add_generation_prompt
+        if add is None:
+            add = not self.continue_final_message
+        if add and not self.continue_final_message and not self.chat_template_kwargs and not self.tools:
+            return None
+        return {**(self.chat_template_kwargs or {}), "add_generation_prompt": add,
+                "continue_final_message": self.continue_final_message,
+                **({"tools": self.tool_dicts()} if self.tools else {})}
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_chat_request_rules)
+    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
+    messages: List[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
+    logprobs: bool = Field(False, description="the logprob of every output token")
+    top_logprobs: TopLogprobs | None = Field(None, description="and of the most likely ones (needs logprobs)")
     # SGLang's (sglang-router sends them): what --reasoning-parser does with a thinking block (nothing without one)
     separate_reasoning: bool = Field(True, description="SGLang extension: the thinking block goes to "
                                                        "reasoning_content (false: it stays in the content)")
     stream_reasoning: bool = Field(True, description="SGLang extension: false sends the reasoning whole once it "
                                                      "ends")
-    tools: List[Tool] | None = Field(None, description="functions the model may call (the chat template renders "
-                                                       "them; a template that does not is a 400)")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="default: auto with tools (needs --tool-call-parser), none without; required or a named "
                           "tool hold the output to calls (JSON)")
@@ -542,16 +576,6 @@ class ChatCompletionRequest(SamplingFields):
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        return self
-
-    @model_validator(mode="after")
-    def _check_template_options(self) -> ChatCompletionRequest:
-        if self.add_generation_prompt and self.continue_final_message:
-            raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
-        reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(self.chat_template_kwargs or {}))
-        if reserved:
-            raise ValueError(f"chat_template_kwargs cannot set {reserved[0]!r} (a parameter of the template call; "
-                             f"use the request field where there is one)")
         return self
 
     @model_validator(mode="after")
@@ -576,21 +600,6 @@ class ChatCompletionRequest(SamplingFields):
     def forced_tool(self) -> bool:
         """Whether the output is held to tool calls (required, or a named tool)."""
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
-
-    def tool_dicts(self) -> List[Dict[str, Any]]:
-        return [t.model_dump(exclude_none=True) for t in self.tools or []]
-
-    def chat_options(self) -> Dict[str, Any] | None:
-        """The chat template's keyword arguments beyond the default (None: add_generation_prompt=True only). Tools
-        go to the template whatever the tool_choice (vLLM's default, none included)."""
-        add = self.add_generation_prompt
-        if add is None:
-            add = not self.continue_final_message
-        if add and not self.continue_final_message and not self.chat_template_kwargs and not self.tools:
-            return None
-        return {**(self.chat_template_kwargs or {}), "add_generation_prompt": add,
-                "continue_final_message": self.continue_final_message,
-                **({"tools": self.tool_dicts()} if self.tools else {})}
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -623,6 +632,50 @@ class GenerateRequest(_Strict):
     max_tokens: MaxTokens
     ignore_eos: bool = False
     stream: bool = True
+
+
+def _tokenize_rules(schema: Dict[str, Any], cls: type) -> None:
+    _template_rules(schema)
+    # the schema states the rule _check_input enforces: a prompt (its add_special_tokens), or messages (the
+    # template's options)
+    null = {"type": "null"}
+    schema["anyOf"] = [
+        {"required": ["prompt"], "properties": {
+            "prompt": {"type": "string"}, "messages": null, "add_generation_prompt": null,
+            "continue_final_message": {"const": False}, "chat_template_kwargs": null, "tools": null}},
+        {"required": ["messages"], "properties": {"prompt": null, "messages": {"type": "array"},
+                                                  "add_special_tokens": null}},
+    ]
+
+
+class TokenizeRequest(ChatTemplateFields):
+    """vLLM's /tokenize: a prompt as the tokenizer encodes it, or chat messages as the chat template renders them
+    (the prompt /v1/chat/completions would run)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_tokenize_rules)
+    model: str | None = Field(None, description="must name the served model when given")
+    prompt: str | None = None
+    messages: List[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = Field(None, description="a prompt's: the tokenizer's own special tokens, "
+                                                              "e.g. BOS (default true)")
+
+    @model_validator(mode="after")
+    def _check_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give a prompt or messages")
+        template = (self.add_generation_prompt, self.chat_template_kwargs, self.tools)
+        if self.prompt is not None and (any(option is not None for option in template) or self.continue_final_message):
+            raise ValueError("the chat template's options go with messages, not a prompt")
+        if self.messages is not None and self.add_special_tokens is not None:
+            raise ValueError("add_special_tokens goes with a prompt (the chat template writes the special tokens)")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's /detokenize: token ids back to text."""
+
+    model: str | None = Field(None, description="must name the served model when given")
+    tokens: List[PromptTokenId] = Field(description="ids within the vocabulary")
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Dict[str, Any]:

@@ -9,8 +9,8 @@ A body that asks for structured output in more than one way keeps only the first
 (400), and the schema states that rule in words only (``protocol._sampling_request_rules`` says why). A regular
 expression, grammar or schema given as text is a string to the schema, and compiles or is a 400 at run time (as a
 context length is a bound known at run time); a string there becomes one that compiles. The tiny model's chat
-template renders no tools, which the server finds out at run time (a 400): a chat body's tools and tool_choice are
-left out (``tests/test_tool_calls.py`` serves them with a template that renders them).
+template renders no tools, which the server finds out at run time (a 400): a chat or /tokenize body's tools (and
+tool_choice) are left out (``tests/test_tool_calls.py`` serves them with a template that renders them).
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def _valid_count(value: object) -> bool:
 @schemathesis.hook
 def before_call(context, case, kwargs) -> None:
     body, path = case.body, context.operation.path
+    if isinstance(body, dict) and path in ("/v1/chat/completions", "/tokenize"):
+        body.pop("tools", None)
+        body.pop("tool_choice", None)
     if not isinstance(body, dict) or path not in ("/v1/completions", "/v1/chat/completions", "/generate"):
         return
     keys = ["max_tokens", "max_completion_tokens"] if path == "/v1/chat/completions" else ["max_tokens"]
@@ -55,6 +58,3 @@ def before_call(context, case, kwargs) -> None:
         for name, text in compilable.items():
             if isinstance(fields, dict) and isinstance(fields.get(name), str):
                 fields[name] = text
-    if path == "/v1/chat/completions":
-        body.pop("tools", None)
-        body.pop("tool_choice", None)

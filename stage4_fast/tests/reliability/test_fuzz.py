@@ -143,7 +143,7 @@ def _body_endpoints(doc: Dict[str, Any]) -> list[str]:
     return [p for p, ops in doc["paths"].items() if "post" in ops and "requestBody" in ops["post"]]
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize"])
 def test_fuzz_body_endpoint(path, openapi, client, tiny_server, reference):
     assert path in _body_endpoints(openapi)  # every endpoint with a body is fuzzed (checked in the summary too)
     schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
