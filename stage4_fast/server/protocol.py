@@ -237,8 +237,11 @@ class SystemOrUserMessage(_Strict):
 
 def _assistant_rules(schema: Dict[str, Any], cls: type) -> None:
     # the schema states the rule _check_content enforces: content, or tool calls
+    # (no "type": "array" of its own: a schema fuzzer would draw that array's items from any JSON value, where the
+    # field's own schema names them)
     schema["anyOf"] = [{"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
-                       {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array", "minItems": 1}}}]
+                       {"required": ["tool_calls"], "properties": {"tool_calls": {"not": {"type": "null"},
+                                                                                  "minItems": 1}}}]
 
 
 class AssistantMessage(_Strict):
@@ -639,11 +642,11 @@ def _tokenize_rules(schema: Dict[str, Any], cls: type) -> None:
     # the schema states the rule _check_input enforces: a prompt (its add_special_tokens), or messages (the
     # template's options)
     null = {"type": "null"}
-    schema["anyOf"] = [
+    schema["anyOf"] = [  # (the fields' own schemas name their types: see _assistant_rules)
         {"required": ["prompt"], "properties": {
-            "prompt": {"type": "string"}, "messages": null, "add_generation_prompt": null,
+            "prompt": {"not": null}, "messages": null, "add_generation_prompt": null,
             "continue_final_message": {"const": False}, "chat_template_kwargs": null, "tools": null}},
-        {"required": ["messages"], "properties": {"prompt": null, "messages": {"type": "array"},
+        {"required": ["messages"], "properties": {"prompt": null, "messages": {"not": null},
                                                   "add_special_tokens": null}},
     ]
 
