@@ -10,7 +10,8 @@ structured-output path), as vLLM does it — a list of ``{"name", "arguments"}``
 arguments.
 
 A stream shows content as it comes and each call once its block is complete, with its whole arguments in one
-delta (vLLM streams the arguments in pieces; a client that joins the pieces reads the same).
+delta (vLLM streams the arguments in pieces; a client that joins the pieces reads the same); a named tool's
+arguments, which are the output itself, stream in pieces as they come (the first delta names the call).
 """
 
 from __future__ import annotations
@@ -97,12 +98,10 @@ def forced_schema(tools: List[Dict[str, Any]], name: str | None) -> Dict[str, An
 
 
 def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
-    """The calls of an output held to ``forced_schema`` (none when it was cut short and does not parse)."""
+    """The calls of an output held to ``forced_schema``. A named tool's call is the output whatever it holds (cut
+    short by max_tokens, its arguments are too, as a stream has sent them: finish_reason says length); a list cut
+    short does not parse and gives none."""
     if name is not None:
-        try:
-            json.loads(text)
-        except json.JSONDecodeError:
-            return []
         return [new_call(name, text)]
     try:
         items = json.loads(text)
@@ -138,6 +137,11 @@ class ToolCallReader:
         """A streamed delta of choice ``index``: (content to show, new calls with their ``index``, finish_reason)."""
         if self.mode == "auto":
             content, calls = self.streams.setdefault(index, HermesStream()).feed(text, final=finish is not None)
+        elif self.name is not None:  # a named tool: the output is its arguments, streamed as they come
+            if self.emitted.get(index):
+                pieces = [{"index": 0, "function": {"arguments": text}}] if text else []
+                return "", pieces, "tool_calls" if finish == "stop" else finish
+            content, calls = "", [new_call(self.name, text)]
         else:
             self.held[index] = self.held.get(index, "") + text
             content, calls = "", []

@@ -91,7 +91,9 @@ def test_forced_calls_read_the_json_the_schema_holds_the_output_to():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "get_time", "arguments": {"city": "Lyon"}}], required)
     assert _calls(forced_calls(output, None)) == [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Lyon"})]
-    assert forced_calls('{"zone": "C', "get_time") == [] and forced_calls("[", None) == []  # cut short
+    cut = forced_calls('{"zone": "C', "get_time")  # cut short: a named call's arguments are what was written
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in cut] == [("get_time", '{"zone": "C')]
+    assert forced_calls("[", None) == []  # a list cut short holds no call
     assert forced_calls('{"name": "get_time"}', None) == forced_calls("[1]", None) == []  # not a list of calls
 
 
@@ -178,11 +180,14 @@ def test_a_stream_carries_content_then_each_call_once(client, fields):
         content.append(delta.content or "")
         calls.extend(delta.tool_calls or [])
         finishes.append(chunk.choices[0].finish_reason)
-    assert finishes[-1] == "tool_calls" and [c.index for c in calls] == [0]
-    if "extra_body" in fields:
-        assert "".join(content) == "Let me check. " and calls[0].function.name == "get_weather"
-    else:
-        assert "".join(content) == "" and json.loads(calls[0].function.arguments)["zone"] in ("UTC", "CET")
+    assert finishes[-1] == "tool_calls" and {c.index for c in calls} == {0}
+    assert calls[0].id and all(c.id is None and c.function.name is None for c in calls[1:])  # named once
+    arguments = "".join(c.function.arguments for c in calls)
+    if "extra_body" in fields:  # the block's call, whole
+        assert "".join(content) == "Let me check. " and calls[0].function.name == "get_weather" and len(calls) == 1
+    else:  # the named tool's arguments, in pieces as they come
+        assert "".join(content) == "" and calls[0].function.name == "get_time" and len(calls) > 1
+    assert json.loads(arguments)["zone" if "extra_body" not in fields else "city"] in ("UTC", "CET", "Paris")
 
 
 def test_a_conversation_with_calls_and_their_results_renders_as_transformers_does(client, tools_model):
