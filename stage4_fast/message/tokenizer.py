@@ -50,8 +50,9 @@ class DetokenizeMsg(BaseTokenizerMsg):
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     uid: int
-    # raw prompt, chat messages ([{"role", "content"}], rendered with the model's chat template) or token ids
-    text: str | List[Dict[str, str]] | List[int]
+    # raw prompt, chat messages ([{"role", "content"}, stage 4 also an assistant's "tool_calls" and a tool's
+    # "tool_call_id"], rendered with the model's chat template) or token ids
+    text: str | List[Dict[str, Any]] | List[int]
     sampling_params: SamplingParams
     # stage 4: chat messages' options for the chat template (add_generation_prompt, continue_final_message and
     # the client's template variables, e.g. Qwen3's enable_thinking); None: the defaults

@@ -180,6 +180,9 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     given_model = kwargs.pop("model_path")
     if kwargs.pop("enable_auto_tool_choice") and kwargs["tool_call_parser"] is None:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser (the format the calls are read in)")
+    for flag in ("tool_call_parser", "reasoning_parser"):
+        if kwargs["shell"] and kwargs[flag] is not None:  # the shell prints the model's text as it comes
+            parser.error(f"--{flag.replace('_', '-')}: the shell reads no tool calls or reasoning out of the output")
     if kwargs.pop("load_format") == "dummy":
         kwargs["use_dummy_weight"] = True
     if kwargs.pop("trust_remote_code"):

@@ -21,6 +21,7 @@ from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..sampling.grammar import JSON_OBJECT_SCHEMA
 from ..sampling.logprobs import MAX_TOP_LOGPROBS
 
 
@@ -334,8 +335,6 @@ class JSONSchemaResponseFormat(_Strict):
 
 
 ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
-# response_format {"type": "json_object"}: any JSON object, as SGLang compiles it
-ANY_JSON_OBJECT = '{"type": "object"}'
 
 
 def _structured_outputs_rules(schema: Dict[str, Any], cls: type) -> None:
@@ -391,7 +390,7 @@ class StructuredOutputs(_Strict):
             return "ebnf", "root ::= " + " | ".join(json.dumps(c) for c in self.choice)
         if self.grammar is not None:
             return "ebnf", self.grammar
-        return "json_schema", ANY_JSON_OBJECT
+        return "json_schema", JSON_OBJECT_SCHEMA
 
 
 # the request fields that ask for structured output, of which a request gives one at most
@@ -464,7 +463,7 @@ class SamplingFields(_Strict):
         if isinstance(fmt, JSONSchemaResponseFormat):
             return {"json_schema": json.dumps(fmt.json_schema.schema_)}
         if isinstance(fmt, JSONObjectFormat):
-            return {"json_schema": ANY_JSON_OBJECT}
+            return {"json_schema": JSON_OBJECT_SCHEMA}
         if outputs is not None:
             return dict([outputs.grammar_source()])
         return {kind: source for kind, source in (("json_schema", self.json_schema), ("regex", self.regex),

@@ -112,6 +112,7 @@ def test_prefixes_are_not_guessed(capsys):
     (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     (["--tool-call-parser", "mistral"], "argument --tool-call-parser: invalid choice: 'mistral'"),
+    (["--shell", "--reasoning-parser", "qwen3"], "--reasoning-parser: the shell reads no tool calls or reasoning"),
 ])
 def test_bad_values_are_one_line(capsys, argv, says):
     assert says in _refusal(capsys, argv)

@@ -17,7 +17,7 @@ class TokenizeManager:
     def tokenize(self, msgs: List[TokenizeMsg]) -> List[torch.Tensor]:
         return [self.tokenize_one(msg.text, msg.chat_options) for msg in msgs]
 
-    def tokenize_one(self, text: str | List[Dict[str, str]] | List[int],
+    def tokenize_one(self, text: str | List[Dict[str, Any]] | List[int],
                      chat_options: Dict[str, Any] | None = None) -> torch.Tensor:
         """Host 1-D int32 ids. Raises ValueError for input that cannot become a prompt. ``chat_options``: chat
         messages' keyword arguments for the chat template (stage 4: default, add_generation_prompt=True)."""
