@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 import httpx
 import psutil
@@ -34,6 +35,15 @@ def _titles(pid: int) -> list[str]:
 
 def _child(pid: int, title: str) -> psutil.Process:
     return next(p for p in psutil.Process(pid).children(recursive=True) if " ".join(p.cmdline()).strip() == title)
+
+
+def _launcher_ready(server, timeout_s: float = 60.0) -> None:
+    """Until the launcher has every API server's ack: /health answers as soon as one API server serves, while the
+    launcher may still be waiting for the others (a worker that dies then is reported "during start-up")."""
+    deadline = time.monotonic() + timeout_s
+    while "API server processes" not in server.log():
+        assert time.monotonic() < deadline, server.log()[-2000:]
+        time.sleep(0.05)
 
 
 def _own_files(pid: int) -> list[str]:
@@ -82,6 +92,7 @@ def test_two_api_servers_answer_as_one(tiny_dir, tokenizers):
     with server_process(str(tiny_dir)) as one:
         expected, _ = _streamed(one.base_url, body)
     with server_process(str(tiny_dir), extra_args=[*API_SERVERS, "--num-tokenizer", str(tokenizers)]) as server:
+        _launcher_ready(server)
         if not tokenizers:  # (with tokenizer workers, a detokenizer and minisgl::tokenizer_0 / _1 instead)
             assert _titles(server.proc.pid) == TITLES
         # every connection is new: the kernel hashes each to one process's socket
@@ -118,6 +129,7 @@ def test_a_signal_stops_every_api_server(tiny_dir, sig):
 
 def test_a_dead_worker_ends_the_streams_of_every_api_server(tiny_dir):
     with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
+        _launcher_ready(server)
         pid = server.proc.pid
         body = {"prompt": "hello", "max_tokens": 3000, "ignore_eos": True, "stream": True}
         streaming = threading.Barrier(9)  # the 8 streams, each past its first chunk, and this thread
