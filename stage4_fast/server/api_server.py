@@ -68,15 +68,16 @@ class ClientGone(Exception):
 
 
 def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, created: int | None = None,
-               on_ready: Callable[[], None] | None = None) -> FastAPI:
+               on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
     """The app of API server process ``api_index`` of ``config.api_server_count``; ``created``: the model's
-    timestamp in /v1/models (the same in every process); ``on_ready`` runs once the app can take requests."""
+    timestamp in /v1/models (the same in every process); ``on_ready`` is awaited once the app can take requests,
+    and the server answers nothing until it returns."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()  # the worker watchdog thread reaches the frontend through it
         app.state.frontend = FrontendManager(config, metrics, api_index)
         if on_ready is not None:
-            on_ready()
+            await on_ready()  # (uvicorn opens the sockets after the lifespan's start-up)
         try:
             yield
         finally:

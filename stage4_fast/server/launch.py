@@ -5,7 +5,8 @@ detokenizer -> this one. With ``--num-tokenizer 0`` (default) one worker both to
 ``--api-server-count N`` (N > 1) N API server processes serve the port and this one only watches.
 
 Lifecycle rules (upstream had none of them):
-* ready means every worker acknowledged (the HTTP port opens only then);
+* ready means every worker acknowledged (the HTTP port answers only then; with ``--api-server-count N`` only once
+  all N API server processes did);
 * Ctrl-C / SIGTERM stop all workers: they ignore SIGINT (a terminal sends it to the whole process group; the
   parent alone decides), get SIGTERM, and are killed if they linger; workers also die with a SIGKILLed parent;
 * a worker that dies brings the server down with a message naming it, instead of leaving clients hanging.
@@ -16,6 +17,7 @@ their ranks (``nodes.py`` says how the machines learn that one of them is gone).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import multiprocessing as mp
@@ -112,6 +114,9 @@ class WorkerSet:
         self.procs: List[mp.process.BaseProcess] = []
         self.stopping = False
         self.metrics_dir: str | None = None  # the API server processes' Prometheus files (start_api_servers)
+        # set once every API server process acked and the watchdog runs; until then none of them answers, so a
+        # /health that answers means the whole server is up (start_api_servers, _watch_api_servers)
+        self.serving = self.ctx.Event()
         self.link: NodeLink | None = None
         # the node link reports a lost machine through this pipe, which the watchdog waits on with the processes
         self._link_reader, self._link_writer = mp.Pipe(duplex=False)
@@ -168,7 +173,7 @@ class WorkerSet:
         created = int(time.time())
         self._spawn([(f"minisgl-api-server-{i}", _run_api_server,
                       (c, info, i, listener if i == 0 else None, created, self.metrics_dir, self.ack_queue,
-                       os.getpid()))
+                       self.serving, os.getpid()))
                      for i in range(c.api_server_count)])
         self._wait_acks(c.api_server_count)
 
@@ -324,17 +329,26 @@ def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
 
 
 def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: int | None = None,
-                 on_ready: Callable[[], None] | None = None,
+                 on_ready: Callable[[], None] | None = None, serving: Any = None,
                  follow_launcher: bool = False) -> Tuple[Any, Callable[[str], None]]:
     """uvicorn with this process's app, and its ``end_requests(reason)``. ``follow_launcher``: an API server process
-    of ``--api-server-count``, which leaves Ctrl-C to the launcher (it stops when the launcher sends SIGTERM)."""
+    of ``--api-server-count``, which leaves Ctrl-C to the launcher (it stops when the launcher sends SIGTERM).
+    ``on_ready`` runs once the app can take requests; with ``serving`` (an event) the sockets open only once it is
+    set."""
     import uvicorn
 
     from .api_server import BackendInfo, create_app
 
+    async def ready() -> None:
+        if on_ready is not None:
+            on_ready()
+        while serving is not None and not await asyncio.to_thread(serving.wait, 0.1):
+            if server.should_exit:
+                return  # stopped before serving: uvicorn opens the sockets and shuts down at once
+
     backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
                           vocab_size=info["vocab_size"])
-    app = create_app(config, backend, api_index, created, on_ready)
+    app = create_app(config, backend, api_index, created, ready)
 
     def end_requests(reason: str) -> None:
         """From any thread: every in-flight request ends with an error event, new ones get 503."""
@@ -388,18 +402,19 @@ def _watch_api_servers(config: ServerArgs, info: dict, workers: WorkerSet, liste
     workers.watch(ended.put)
     logger.info("all workers ready; serving %s on http://%s:%d from %d API server processes",
                 config.served_model_name, config.server_host, config.server_port, config.api_server_count)
+    workers.serving.set()
     ended.get()  # Ctrl-C / SIGTERM interrupt the wait (KeyboardInterrupt)
     return 1
 
 
 def _run_api_server(config: ServerArgs, info: dict, index: int, listener: socket.socket | None, created: int,
-                    metrics_dir: str, ack_queue: Any, parent_pid: int) -> None:
+                    metrics_dir: str, ack_queue: Any, serving: Any, parent_pid: int) -> None:
     """API server process ``index`` of ``--api-server-count``."""
     _worker_setup(parent_pid, config.effective_log_level, f"api_server_{index}")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # before prometheus_client is imported (metrics.py)
     sock = listener if listener is not None else bind_listener(config.server_host, config.server_port,
                                                                reuse_port=True)
-    server, _ = _http_server(config, info, index, created, follow_launcher=True,
+    server, _ = _http_server(config, info, index, created, follow_launcher=True, serving=serving,
                              on_ready=lambda: ack_queue.put({"name": f"api_server_{index}"}))
     freeze_startup_heap()
     server.run(sockets=[sock])
