@@ -463,10 +463,10 @@ def _add_routes(app: FastAPI) -> None:
                 raise APIError(400, "tool_choice auto (the default with tools) needs a server started with "
                                "--tool-call-parser; send tool_choice none, required or a named tool",
                                "invalid_value", param="tool_choice")
-            return ToolCallReader("auto"), None
+            return ToolCallReader("auto", parallel=req.parallel_tool_calls), None
         name = mode.function.name if isinstance(mode, NamedToolChoice) else None
         return (ToolCallReader("forced", name),
-                {"json_schema": json.dumps(forced_schema(req.tool_dicts(), name))})
+                {"json_schema": json.dumps(forced_schema(req.tool_dicts(), name, req.parallel_tool_calls))})
 
     async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIterator[Delta]], choice, chunk,
                        rid: str, created: int, model: str, chat: bool) -> Response:

@@ -31,7 +31,7 @@ def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: S
     """The delta streams of every choice, in choice order. Nothing is submitted before a stream is first
     awaited (``first_deltas`` awaits them all together)."""
     per_sample = choice_params(params, n)
-    return [generate_deltas(frontend, prompt, p, stops, chat_options, keep_stop)
+    return [generate_deltas(frontend, prompt, p, stops, chat_options, keep_stop, params.min_tokens)
             for prompt in prompts for p in per_sample]
 
 

@@ -113,14 +113,16 @@ class FrontendManager:
             self.request_log.received(uid, prompt, sampling_params)
         return uid
 
-    async def replies(self, uid: int) -> AsyncIterator[UserReply]:
+    async def replies(self, uid: int, keep_apart_after: int = 0) -> AsyncIterator[UserReply]:
         """The request's replies up to the finished one. However the consumer stops (done, stop string, client
         gone, cancelled), the entry is removed; a request that did not finish is aborted in the backend.
         (Upstream removed entries only when its own loop ended, which its callers never let happen.)
 
         Replies that queued up while this request's consumer waited for its turn are merged into one (not upstream;
         vLLM's output collector does the same): a loaded server then writes one chunk per request per turn instead
-        of one per token, which is what its event loop can keep up with; an idle one still streams every token."""
+        of one per token, which is what its event loop can keep up with; an idle one still streams every token.
+        ``keep_apart_after`` (> 0): the replies up to that many completion tokens are not merged with later ones (the
+        stop strings of a request with min_tokens count only in the text after them)."""
         queue = self.ack_map[uid]
         finished = backend_gone = False
         last = started = self.submit_time.get(uid)
@@ -134,6 +136,9 @@ class FrontendManager:
                     later = queue.get_nowait()
                     if not isinstance(later, UserReply) or later.error:
                         held.append(later)  # an error or "backend gone" comes after the text before it
+                        break
+                    if reply.completion_tokens <= keep_apart_after < later.completion_tokens:
+                        held.append(later)
                         break
                     reply = reply.followed_by(later)
                 if self.metrics is not None and reply is not None and last is not None:

@@ -150,7 +150,6 @@ NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
 }
 NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
     **NOT_IMPLEMENTED_SAMPLING,
-    "parallel_tool_calls": _NI((True,), "at most one tool call"),
     "functions": _NI(([],), "function calls"),
     "function_call": _NI(("none",), "function calls"),
     "modalities": _NI((["text"],), "output other than text"),
@@ -400,13 +399,6 @@ _ONE_OF_THEM = "; at most one of response_format (json), structured_outputs, jso
 
 def _sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
     _add_not_implemented(schema, cls)
-    # the schema states the rule the validator enforces: min_tokens only without stop strings
-    schema.setdefault("allOf", []).append({
-        "if": {"properties": {"min_tokens": {"minimum": 1}}, "required": ["min_tokens"]},
-        # (the empty list's items named: a schema fuzzer builds an array without them from any JSON value)
-        "then": {"properties": {"stop": {"anyOf": [
-            {"type": "null"}, {"type": "array", "maxItems": 0, "items": {"type": "string"}}]}}},
-    })
     # One rule is left out: at most one of STRUCTURED_OUTPUT_FIELDS. Spelled as conditionals (one per field, or
     # dependentSchemas), it leaves the chat body past what schemathesis' schema engine models (it refuses to
     # generate for it); the fields' descriptions say it, and the tests' schemathesis hooks keep to it.
@@ -426,8 +418,9 @@ class SamplingFields(_Strict):
     stop: Stop | None = Field(None, description="the text is cut before the first occurrence")
     include_stop_str_in_output: bool = Field(False, description="vLLM extension: the text ends with the stop "
                                                                "string that ended it")
-    min_tokens: MinTokens = Field(0, description="vLLM extension: EOS and stop_token_ids cannot end the output "
-                                                   "before it has this many tokens (not with stop strings)")
+    min_tokens: MinTokens = Field(0, description="vLLM extension: EOS, stop_token_ids and stop strings cannot end "
+                                                   "the output before it has this many tokens (a stop string that "
+                                                   "ends after them counts)")
     stop_token_ids: List[Int32] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
     skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
@@ -481,14 +474,6 @@ class SamplingFields(_Strict):
             asked.remove("response_format")  # free text: no constraint
         if len(asked) > 1:
             raise ValueError(f"only one way to ask for structured output per request: {', '.join(asked)} given")
-        return self
-
-    @model_validator(mode="after")
-    def _check_min_tokens(self) -> SamplingFields:
-        # vLLM checks no stop string before min_tokens; here the API server matches them on merged text, which
-        # does not say where the min_tokens-th token ends: refused rather than honoured at a place that varies
-        if self.min_tokens > 0 and self.stop_list():
-            raise ValueError("min_tokens cannot be combined with stop strings here (stop_token_ids can)")
         return self
 
 
@@ -573,6 +558,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="default: auto with tools (needs --tool-call-parser), none without; required or a named "
                           "tool hold the output to calls (JSON)")
+    parallel_tool_calls: bool = Field(True, description="false: at most one tool call (required holds the "
+                                                        "output to one; auto keeps the first)")
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:

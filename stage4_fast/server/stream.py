@@ -21,16 +21,25 @@ class StopStringMatcher:
         self.stops = [s for s in stops if s]
         self.keep_stop = keep_stop
         self.held = ""
+        self.held_unarmed = 0  # how many of held's first characters came while not armed
+        self.overlap = max(map(len, self.stops), default=1) - 1  # the most of a stop string that text can end with
 
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Returns (text safe to emit, whether a stop string was hit)."""
+    def feed(self, text: str, armed: bool = True) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string was hit). Text fed while not ``armed`` (the output is
+        shorter than min_tokens) ends no stop string; its tail may still start one that ends in armed text (vLLM's
+        window: a stop string counts when it ends in text that came after min_tokens)."""
         if not self.stops:
             return text, False
-        buf = self.held + text
-        # the stop string that completes first wins (as when checking after every token); on a tie the longer one
-        hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s)) >= 0]
+        buf, unarmed = self.held + text, self.held_unarmed
+        if not armed:
+            keep = min(len(buf), self.overlap)
+            self.held, self.held_unarmed = buf[len(buf) - keep :], keep
+            return buf[: len(buf) - keep], False
+        # the stop string that completes first wins (as when checking after every token); on a tie the longer one.
+        # One that ends in held text from before min_tokens does not count.
+        hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s, max(0, unarmed - len(s) + 1))) >= 0]
         if hits:
-            self.held = ""
+            self.held, self.held_unarmed = "", 0
             end, start = min(hits)
             return buf[: end if self.keep_stop else start], True
         keep = 0
@@ -39,11 +48,11 @@ class StopStringMatcher:
                 if buf.endswith(s[:k]):
                     keep = k
                     break
-        self.held = buf[len(buf) - keep :]
+        self.held, self.held_unarmed = buf[len(buf) - keep :], max(0, unarmed - (len(buf) - keep))
         return buf[: len(buf) - keep], False
 
     def flush(self) -> str:
-        text, self.held = self.held, ""
+        text, self.held, self.held_unarmed = self.held, "", 0
         return text
 
 
@@ -63,20 +72,22 @@ class Delta:
 
 async def generate_deltas(
     frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
-    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False,
+    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
 ) -> AsyncIterator[Delta]:
     """One Delta per reply (text may be empty), the last one with its finish reason. Stopping early (stop string,
     client gone, generator closed) aborts the request in the backend (``FrontendManager.replies``).
     ``chat_options``: for chat messages, the chat template's options (``TokenizeMsg.chat_options``);
-    ``keep_stop``: the text ends with the stop string that ended it."""
+    ``keep_stop``: the text ends with the stop string that ended it; ``min_tokens``: no stop string ends in the
+    text of the first min_tokens tokens (the replies of those tokens are not merged with later ones for it)."""
     matcher = StopStringMatcher(stops, keep_stop)
+    armed_after = min_tokens if matcher.stops else 0
     uid = frontend.submit(prompt, sampling_params, chat_options)
-    replies = frontend.replies(uid)
+    replies = frontend.replies(uid, keep_apart_after=armed_after)
     try:
         async for reply in replies:
             if reply.error:
                 raise RequestRejected(reply.error)
-            text, hit = matcher.feed(reply.incremental_output)
+            text, hit = matcher.feed(reply.incremental_output, armed=reply.completion_tokens > armed_after)
             finish: str | None = None
             if hit:
                 finish = "stop"

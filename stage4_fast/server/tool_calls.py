@@ -86,15 +86,15 @@ def parse_hermes(text: str) -> Tuple[str, List[Dict[str, Any]]]:
     return HermesStream().feed(text, final=True)
 
 
-def forced_schema(tools: List[Dict[str, Any]], name: str | None) -> Dict[str, Any]:
+def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool = True) -> Dict[str, Any]:
     """The JSON the output is held to: a named tool's arguments, or (``"required"``) a non-empty list of calls to
-    any of ``tools`` (OpenAI tool dicts)."""
+    any of ``tools`` (OpenAI tool dicts), of one call unless ``parallel``."""
     params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
     if name is not None:
         return params[name]
     calls = [{"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
               "properties": {"name": {"const": n}, "arguments": p}} for n, p in params.items()]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}), "items": {"anyOf": calls}}
 
 
 def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
@@ -115,10 +115,12 @@ def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
 
 class ToolCallReader:
     """A chat request's choices read for tool calls: ``"auto"`` through the Hermes parser, ``forced`` (required or
-    a named tool: ``name``) as the JSON the output was held to. Streamed choices keep their state here."""
+    a named tool: ``name``) as the JSON the output was held to. Streamed choices keep their state here. Without
+    ``parallel`` (``parallel_tool_calls: false``) a choice's first call is its only one: the parser's later calls
+    are dropped, as vLLM drops them (a forced list is held to one call by its schema)."""
 
-    def __init__(self, mode: str, name: str | None = None) -> None:
-        self.mode, self.name = mode, name
+    def __init__(self, mode: str, name: str | None = None, parallel: bool = True) -> None:
+        self.mode, self.name, self.parallel = mode, name, parallel
         self.streams: Dict[int, HermesStream] = {}
         self.held: Dict[int, str] = {}  # a forced choice's output so far
         self.emitted: Dict[int, int] = {}  # calls streamed per choice
@@ -127,6 +129,7 @@ class ToolCallReader:
         """A finished choice: (content, calls, finish_reason)."""
         if self.mode == "auto":
             content, calls = parse_hermes(text)
+            calls = calls if self.parallel else calls[:1]
         else:
             calls = forced_calls(text, self.name)
             content = "" if calls else text
@@ -137,6 +140,8 @@ class ToolCallReader:
         """A streamed delta of choice ``index``: (content to show, new calls with their ``index``, finish_reason)."""
         if self.mode == "auto":
             content, calls = self.streams.setdefault(index, HermesStream()).feed(text, final=finish is not None)
+            if not self.parallel:
+                calls = calls[: max(0, 1 - self.emitted.get(index, 0))]
         elif self.name is not None:  # a named tool: the output is its arguments, streamed as they come
             if self.emitted.get(index):
                 pieces = [{"index": 0, "function": {"arguments": text}}] if text else []

@@ -192,6 +192,28 @@ def test_chat_template_options_shape_the_prompt_as_transformers_renders_it(clien
         prompt_tokens(add_generation_prompt=True, continue_final_message=True)
 
 
+def test_min_tokens_lets_no_stop_string_end_in_the_text_of_the_first_tokens(complete):
+    """vLLM's rule: a stop string counts once it ends in text after the first min_tokens tokens (it may start
+    before). Greedy, so every request writes the same text; the stop string is a character that the output has in
+    an early token and again after min_tokens tokens."""
+    run = dict(max_tokens=40, temperature=0)
+    full = complete(PROMPT, **run, logprobs=0, extra_body={"ignore_eos": True}).choices[0]
+    text, starts = full.text, full.logprobs.text_offset
+    owner = {i: k for k, (a, b) in enumerate(zip(starts, [*starts[1:], len(text)])) for i in range(a, b)}
+    found = [(c, sorted({owner[i] for i, x in enumerate(text) if x == c})) for c in sorted(set(text))
+             if c.isascii() and c.isprintable()]
+    char, tokens = next((c, k) for c, k in found if len(k) >= 2 and k[0] < k[-1] - 1)
+    first, later = tokens[0], next(k for k in tokens if k > tokens[0] + 1)
+    plain = complete(PROMPT, **run, stop=[char], extra_body={"ignore_eos": True}).choices[0]
+    assert plain.text == text[: text.index(char)] and plain.finish_reason == "stop"
+    for stream in (False, True):
+        r = complete(PROMPT, **run, stop=[char], stream=stream,
+                     extra_body={"ignore_eos": True, "min_tokens": first + 1})
+        out = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+        assert out == text[: text.index(char, starts[first + 1])], (char, first, later)
+        assert len(out) >= starts[later] > starts[first]
+
+
 def test_min_tokens_keeps_eos_back_until_the_output_is_that_long(complete, tiny_dir):
     """With EOS made the likeliest token (logit_bias), greedy decoding ends at once; min_tokens (vLLM's field)
     holds it back for that many tokens, after which it ends the request."""
@@ -203,8 +225,6 @@ def test_min_tokens_keeps_eos_back_until_the_output_is_that_long(complete, tiny_
     assert complete(PROMPT, max_tokens=20, temperature=0, logit_bias=push).usage.completion_tokens == 1
     r = complete(PROMPT, max_tokens=20, temperature=0, logit_bias=push, extra_body={"min_tokens": 5})
     assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "stop"
-    with pytest.raises(openai.BadRequestError, match="stop strings"):
-        complete(PROMPT, stop=["x"], extra_body={"min_tokens": 2})
     # stop ids no token has (beyond the vocabulary, negative) are held back as nothing: the request runs
     r = complete(PROMPT, max_tokens=3, extra_body={"min_tokens": 2, "stop_token_ids": [2**31 - 1, -5]})
     assert r.usage.completion_tokens == 3 and complete(PROMPT, max_tokens=2).usage.completion_tokens == 2

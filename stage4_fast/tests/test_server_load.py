@@ -148,7 +148,7 @@ def test_stats_are_readable_by_an_operator(tiny_server: ServerProcess):
     assert s["scheduler"]["page_size"] == TINY_SERVER_OPTIONS["page_size"]
 
 
-def _replies_seen_by_the_stream(queued: list) -> list:
+def _replies_seen_by_the_stream(queued: list, keep_apart_after: int = 0) -> list:
     """What FrontendManager.replies yields for one request whose replies all queued up before it got its turn."""
     from stage4_fast.message import UserReply
     from stage4_fast.server.args import ServerArgs
@@ -161,7 +161,7 @@ def _replies_seen_by_the_stream(queued: list) -> list:
             fm.ack_map[uid].put_nowait(reply if reply is None else UserReply(uid, *reply))
         seen: list = []
         try:
-            async for reply in fm.replies(uid):
+            async for reply in fm.replies(uid, keep_apart_after):
                 seen.append((reply.incremental_output, reply.finished, reply.completion_tokens, reply.error))
         except BackendUnavailable:
             seen.append("backend gone")
@@ -180,3 +180,6 @@ def test_replies_that_queued_up_reach_the_client_as_one_chunk():
     queued = [("a", False, "", 3, 1), ("b", False, "", 3, 2), ("", True, "error", 3, 2, 0, "boom")]
     assert _replies_seen_by_the_stream(queued) == [("ab", False, 2, None), ("", True, 2, "boom")]
     assert _replies_seen_by_the_stream([("a", False, "", 3, 1), None]) == [("a", False, 1, None), "backend gone"]
+    # min_tokens with stop strings: the replies of the first min_tokens tokens are not merged with later ones
+    assert _replies_seen_by_the_stream(queued[:2] + [("c", True, "length", 3, 3)], keep_apart_after=1) == [
+        ("a", False, 1, None), ("bc", True, 3, None)]

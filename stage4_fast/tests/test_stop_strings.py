@@ -57,3 +57,41 @@ def test_any_chunking_equals_cutting_the_whole_text(text, stops, cuts, keep):
     bounds = sorted({0, len(text), *[min(c, len(text)) for c in cuts]})
     chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
     assert _streamed(chunks, stops, keep) == _cut(text, stops, keep)
+
+
+def _cut_after(text: str, armed_from: int, stops: list[str], keep: bool = False) -> tuple[str, bool]:
+    """The reference with min_tokens (vLLM's window): only a stop string that ends past ``armed_from`` (where the
+    text of the tokens after min_tokens starts) counts; it may start before."""
+    hits = [(i + len(s), i) for s in stops if (i := text.find(s, max(0, armed_from - len(s) + 1))) >= 0]
+    return (text[: min(hits)[0 if keep else 1]], True) if hits else (text, False)
+
+
+def test_no_stop_string_ends_before_min_tokens():
+    m = StopStringMatcher(["STOP", "."])
+    assert m.feed("a. STO", armed=False) == ("a. ", False)  # held: the tail a later stop string may start with
+    assert m.feed("P!", armed=False) == ("ST", False)  # a whole stop string before min_tokens is text
+    assert m.feed("x. y") == ("OP!x", True)
+    m = StopStringMatcher(["STOP"])
+    assert m.feed("go ST", armed=False) == ("go", False)
+    assert m.feed("OP") == (" ", True)  # a stop string begun before min_tokens and ended after counts
+    m = StopStringMatcher(["ab", "b"])
+    assert m.feed("a", armed=False) == ("", False) and m.feed("b", armed=False) == ("a", False)
+    assert m.feed("bb") == ("b", True)  # the "b" still held from before min_tokens ends nothing: "ab" in all
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="ab世", max_size=30), st.lists(st.text(alphabet="ab世", min_size=1, max_size=4),
+       max_size=3), st.lists(st.integers(min_value=0, max_value=30), max_size=8), st.integers(0, 8), st.booleans())
+def test_min_tokens_chunking_equals_cutting_the_whole_text_after_them(text, stops, cuts, unarmed, keep):
+    bounds = sorted({0, len(text), *[min(c, len(text)) for c in cuts]})
+    chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    unarmed = min(unarmed, len(chunks))  # the chunks of the first min_tokens tokens
+    m, out, hit = StopStringMatcher(stops, keep_stop=keep), "", False
+    for i, c in enumerate(chunks):
+        piece, hit = m.feed(c, armed=i >= unarmed)
+        out += piece
+        if hit:
+            break
+    if not hit:
+        out += m.flush()
+    assert (out, hit) == _cut_after(text, len("".join(chunks[:unarmed])), stops, keep)

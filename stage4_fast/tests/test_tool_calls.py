@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from stage4_fast.harness import ServerProcess
 from stage4_fast.server.protocol import ChatCompletionRequest
-from stage4_fast.server.tool_calls import HermesStream, forced_calls, forced_schema, parse_hermes
+from stage4_fast.server.tool_calls import HermesStream, ToolCallReader, forced_calls, forced_schema, parse_hermes
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
                                             "parameters": {"type": "object", "required": ["city"],
@@ -97,6 +97,28 @@ def test_forced_calls_read_the_json_the_schema_holds_the_output_to():
     assert forced_calls('{"name": "get_time"}', None) == forced_calls("[1]", None) == []  # not a list of calls
 
 
+TWO_CALLS = ('Both. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> and '
+             '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call> done')
+
+
+def test_without_parallel_calls_a_choice_keeps_its_first_call():
+    jsonschema = pytest.importorskip("jsonschema")
+    one = forced_schema(TOOLS, None, parallel=False)  # required: held to one call
+    jsonschema.validate([{"name": "get_time", "arguments": {"zone": "UTC"}}], one)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "get_time", "arguments": {"zone": "UTC"}}] * 2, one)
+    jsonschema.validate([{"name": "get_time", "arguments": {"zone": "UTC"}}] * 2, forced_schema(TOOLS, None))
+    content, calls, finish = ToolCallReader("auto", parallel=False).whole(TWO_CALLS, "stop")  # auto: the first
+    assert _calls(calls) == [("get_weather", {"city": "Paris"})] and finish == "tool_calls"
+    assert content == "Both.  and  done"
+    assert len(ToolCallReader("auto").whole(TWO_CALLS, "stop")[1]) == 2
+    reader, streamed = ToolCallReader("auto", parallel=False), []
+    for i in range(0, len(TWO_CALLS), 7):  # streamed: the first call, and no other
+        piece = TWO_CALLS[i:i + 7]
+        streamed.extend(reader.piece(0, piece, "stop" if i + 7 >= len(TWO_CALLS) else None)[1])
+    assert [c["index"] for c in streamed] == [0] and _calls(streamed) == [("get_weather", {"city": "Paris"})]
+
+
 # ---- the request --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fields, why", [
@@ -104,7 +126,6 @@ def test_forced_calls_read_the_json_the_schema_holds_the_output_to():
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in tools"),
     ({"tools": TOOLS, "tool_choice": "required", "regex": "a"}, "no other structured output"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "pattern"),
-    ({"tools": TOOLS, "parallel_tool_calls": False}, "not implemented"),
 ])
 def test_tool_requests_that_cannot_hold_are_refused(fields, why):
     with pytest.raises(ValidationError, match=why):
@@ -135,8 +156,9 @@ def client(tools_server: ServerProcess) -> openai.OpenAI:
 
 
 def _chat(client: openai.OpenAI, **fields):
-    return client.chat.completions.create(model=client.models.list().data[0].id, messages=ASK, max_tokens=60,
-                                          temperature=1.0, seed=3, **fields)
+    fields = {"max_tokens": 60, **fields}
+    return client.chat.completions.create(model=client.models.list().data[0].id, messages=ASK, temperature=1.0,
+                                          seed=3, **fields)
 
 
 def test_a_named_tool_is_called_with_arguments_its_schema_holds(client):
@@ -154,6 +176,12 @@ def test_required_calls_one_or_more_of_the_tools(client):
     calls = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and calls
     assert {c.function.name for c in calls} <= {"get_weather", "get_time"}
+
+
+def test_required_without_parallel_calls_calls_one_tool(client):
+    r = _chat(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, n=4)
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
 
 
 # auto leaves the model free; the random model is held to a Hermes reply by an EBNF grammar, so the parser has
@@ -188,6 +216,13 @@ def test_a_stream_carries_content_then_each_call_once(client, fields):
     else:  # the named tool's arguments, in pieces as they come
         assert "".join(content) == "" and calls[0].function.name == "get_time" and len(calls) > 1
     assert json.loads(arguments)["zone" if "extra_body" not in fields else "city"] in ("UTC", "CET", "Paris")
+
+
+def test_auto_without_parallel_calls_keeps_the_first(client):
+    two = 'root ::= "' + TWO_CALLS.replace('"', '\\"') + '"'
+    for parallel, expected in ((True, 2), (False, 1)):
+        r = _chat(client, tools=TOOLS, parallel_tool_calls=parallel, extra_body={"ebnf": two}, max_tokens=200)
+        assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls) == expected
 
 
 def test_a_conversation_with_calls_and_their_results_renders_as_transformers_does(client, tools_model):
