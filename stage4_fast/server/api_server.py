@@ -374,7 +374,7 @@ def _add_routes(app: FastAPI) -> None:
         params = _sampling_params(app, req, req.max_tokens, logprobs=req.logprobs, echo=req.echo)
         prompts = req.prompts()
         streams = open_choices(frontend(), prompts, params, req.n, req.stop_list(),
-                               keep_stop=req.include_stop_str_in_output)
+                               keep_stop=req.include_stop_str_in_output, user=req.user)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         logprob_builders = [CompletionLogprobs() for _ in streams]
 
@@ -408,7 +408,7 @@ def _add_routes(app: FastAPI) -> None:
             params = replace(params, skip_special_tokens=False)  # a model's <tool_call> may be a special token
         messages = [m.for_template() for m in req.messages]
         streams = open_choices(frontend(), [messages], params, req.n, req.stop_list(), req.chat_options(),
-                               req.include_stop_str_in_output)
+                               req.include_stop_str_in_output, req.user)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         # the thinking block first (--reasoning-parser; SGLang's separate_reasoning false keeps it in the content),
         # then tool calls in what follows it

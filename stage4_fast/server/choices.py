@@ -27,11 +27,11 @@ def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
 
 def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: SamplingParams, n: int,
                  stops: List[str], chat_options: Dict[str, Any] | None = None,
-                 keep_stop: bool = False) -> List[AsyncIterator[Delta]]:
+                 keep_stop: bool = False, user: str | None = None) -> List[AsyncIterator[Delta]]:
     """The delta streams of every choice, in choice order. Nothing is submitted before a stream is first
     awaited (``first_deltas`` awaits them all together)."""
     per_sample = choice_params(params, n)
-    return [generate_deltas(frontend, prompt, p, stops, chat_options, keep_stop, params.min_tokens)
+    return [generate_deltas(frontend, prompt, p, stops, chat_options, keep_stop, params.min_tokens, user)
             for prompt in prompts for p in per_sample]
 
 

@@ -93,7 +93,8 @@ class FrontendManager:
         self.ack_map[uid] = asyncio.Queue()
         return uid
 
-    def submit(self, prompt: Any, sampling_params: Any, chat_options: Dict[str, Any] | None = None) -> int:
+    def submit(self, prompt: Any, sampling_params: Any, chat_options: Dict[str, Any] | None = None,
+               user: str | None = None) -> int:
         if self.dead_reason is None and self.num_requests >= self.max_requests:
             if self.metrics is not None:
                 self.metrics.rejected.inc()
@@ -110,7 +111,7 @@ class FrontendManager:
             self._release(uid)
             raise
         if self.request_log is not None:
-            self.request_log.received(uid, prompt, sampling_params)
+            self.request_log.received(uid, prompt, sampling_params, user)
         return uid
 
     async def replies(self, uid: int, keep_apart_after: int = 0) -> AsyncIterator[UserReply]:

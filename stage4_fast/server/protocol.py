@@ -143,7 +143,6 @@ def _same_json(a: Any, b: Any) -> bool:
 _NI = NotImplementedField
 # what both completion endpoints know but do not implement
 NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
-    "user": _NI((), "per-user tracking"),
     # SGLang's own fields, which its router (sglang-router) adds to every request at these values
     "no_stop_trim": _NI((False,), "keeping the stop string"),
     "return_hidden_states": _NI((False,), "hidden states in the response"),
@@ -399,6 +398,9 @@ _ONE_OF_THEM = "; at most one of response_format (json), structured_outputs, jso
 
 def _sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
     _add_not_implemented(schema, cls)
+    # pydantic writes a dict with a key pattern as patternProperties alone, which lets any other key through
+    next(s for s in schema["properties"]["logit_bias"]["anyOf"] if s.get("type") == "object")[
+        "additionalProperties"] = False
     # One rule is left out: at most one of STRUCTURED_OUTPUT_FIELDS. Spelled as conditionals (one per field, or
     # dependentSchemas), it leaves the chat body past what schemathesis' schema engine models (it refuses to
     # generate for it); the fields' descriptions say it, and the tests' schemathesis hooks keep to it.
@@ -424,6 +426,8 @@ class SamplingFields(_Strict):
     stop_token_ids: List[Int32] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
     skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
+    user: str | None = Field(None, description="the client's id of its end user (OpenAI's): shown in the request "
+                                               "log (--enable-log-requests)")
     stream: bool = False
     stream_options: StreamOptions | None = None
     # stage 4, the production API (vLLM's semantics where OpenAI says nothing)
@@ -596,7 +600,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
 
 class CompletionRequest(SamplingFields):
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_COMPLETION
-    prompt: Prompt = Field(description="text or token ids, or a list of prompts (each gets n choices, in order)")
+    prompt: Prompt = Field(description="text or token ids, or a list of prompts (each gets n choices, in order; n "
+                                       f"times their number is at most {MAX_CHOICES})")
     max_tokens: MaxTokens | None = 16
     echo: bool = Field(False, description="the prompt comes back in front of the output (and in the logprobs)")
     logprobs: TopLogprobs | None = Field(None, description="the logprob of every token and of this many likeliest")

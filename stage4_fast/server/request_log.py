@@ -40,9 +40,12 @@ class RequestLog:
         head = text[: self.max_len]
         return head + (f" (+{len(text) - len(head)} more characters)" if len(head) < len(text) else "")
 
-    def received(self, uid: int, prompt: Any, sampling_params: Any) -> None:
-        logger.info("request %d received: prompt %s, params %s", uid, self.shown_prompt(prompt),
-                    changed_fields(sampling_params))
+    def received(self, uid: int, prompt: Any, sampling_params: Any, user: str | None = None) -> None:
+        """``user``: OpenAI's end-user id, when the client sent one (what the field is for: telling who sent what),
+        cut as a prompt is."""
+        logger.info("request %d received%s: prompt %s, params %s", uid,
+                    f" from user {self.shown_prompt(user)}" if user else "",
+                    self.shown_prompt(prompt), changed_fields(sampling_params))
 
     def ended(self, uid: int, last: UserReply | None, finished: bool, backend_gone: bool, seconds: float) -> None:
         """``last``: the request's last reply, if any; ``finished``: it was the finishing one; ``backend_gone``: the

@@ -73,15 +73,17 @@ class Delta:
 async def generate_deltas(
     frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
     chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
+    user: str | None = None,
 ) -> AsyncIterator[Delta]:
     """One Delta per reply (text may be empty), the last one with its finish reason. Stopping early (stop string,
     client gone, generator closed) aborts the request in the backend (``FrontendManager.replies``).
     ``chat_options``: for chat messages, the chat template's options (``TokenizeMsg.chat_options``);
     ``keep_stop``: the text ends with the stop string that ended it; ``min_tokens``: no stop string ends in the
-    text of the first min_tokens tokens (the replies of those tokens are not merged with later ones for it)."""
+    text of the first min_tokens tokens (the replies of those tokens are not merged with later ones for it);
+    ``user``: the client's end-user id, for the request log."""
     matcher = StopStringMatcher(stops, keep_stop)
     armed_after = min_tokens if matcher.stops else 0
-    uid = frontend.submit(prompt, sampling_params, chat_options)
+    uid = frontend.submit(prompt, sampling_params, chat_options, user)
     replies = frontend.replies(uid, keep_apart_after=armed_after)
     try:
         async for reply in replies:

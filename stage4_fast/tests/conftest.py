@@ -179,8 +179,9 @@ def tools_model(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture(scope="session")
 def tools_server(tools_model: Path) -> Iterator[ServerProcess]:
-    """A server that reads tool calls (Hermes) and thinking blocks (Qwen3) out of the output."""
-    args = ["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+    """A server that reads tool calls (Hermes) and thinking blocks (Qwen3) out of the output, and logs every
+    request (test_request_log.py reads a line)."""
+    args = ["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", "--enable-log-requests"]
     with server_process(str(tools_model), num_pages=4096, extra_args=args) as server:
         yield server
 

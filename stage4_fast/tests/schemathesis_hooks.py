@@ -3,7 +3,10 @@
 Generation is bounded so the run stays short: a schema-valid max_tokens (or none, which means up to the whole
 context for chat) becomes 1 right before the request is sent; schemathesis re-derives what it expects from the
 body actually sent, and 1 is as valid as the value it replaces. Invalid values (0, beyond the context, wrong types)
-are left alone: they must still be refused.
+are left alone: they must still be refused. The vocabulary bounds logit_bias' token ids at run time too (the
+schema's key pattern says only "digits"): an id beyond it becomes one within. And n times the number of prompts is
+at most MAX_CHOICES, a rule across two fields that the schema states in words: a valid n becomes one that keeps to
+it.
 
 A body that asks for structured output in more than one way keeps only the first: the server refuses the rest
 (400), and the schema states that rule in words only (``protocol._sampling_request_rules`` says why). A regular
@@ -19,10 +22,11 @@ import os
 
 import schemathesis
 
-from stage4_fast.server.protocol import STRUCTURED_OUTPUT_FIELDS
+from stage4_fast.server.protocol import MAX_CHOICES, STRUCTURED_OUTPUT_FIELDS
 
 MAX_TOKENS = 1
 CONTEXT = int(os.environ.get("MINISGL_TEST_CONTEXT_LENGTH", "0"))
+VOCAB = int(os.environ.get("MINISGL_TEST_VOCAB_SIZE", "1"))
 # text the grammar compiler takes, by field: the request's own, and structured_outputs'
 COMPILABLE = {"regex": "[a-z]", "ebnf": 'root ::= "a"', "json_schema": '{"type": "object"}'}
 COMPILABLE_NESTED = {"regex": "[a-z]", "grammar": 'root ::= "a"', "json": '{"type": "object"}'}
@@ -51,6 +55,13 @@ def before_call(context, case, kwargs) -> None:
             body[key] = MAX_TOKENS
     if path != "/generate" and all(body.get(key) is None for key in keys):
         body[keys[0]] = MAX_TOKENS
+    prompt, n = body.get("prompt"), body.get("n")
+    if path == "/v1/completions" and isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CHOICES:
+            body["n"] = min(n, max(1, MAX_CHOICES // len(prompt)))
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict):
+        body["logit_bias"] = {(str(int(k) % VOCAB) if k.isascii() and k.isdigit() else k): v for k, v in bias.items()}
     asked = [name for name in STRUCTURED_OUTPUT_FIELDS if _asks_for_structure(name, body.get(name))]
     for name in asked[1:]:
         del body[name]

@@ -5,6 +5,7 @@ tiny server. Statuses (400/401/404/413/503, no 422), `text/event-stream` for str
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,10 +25,11 @@ MAX_EXAMPLES = 5
 WORKERS = 4
 
 
-def test_schemathesis_finds_the_document_true(tiny_server: ServerProcess, tmp_path: Path):
+def test_schemathesis_finds_the_document_true(tiny_server: ServerProcess, tiny_dir: Path, tmp_path: Path):
     context = httpx.get(f"{tiny_server.base_url}/v1/models", timeout=30).json()["data"][0]["max_model_len"]
+    vocab = json.loads((tiny_dir / "config.json").read_text())["vocab_size"]
     env = dict(os.environ, PYTHONPATH=str(REPO), SCHEMATHESIS_HOOKS="stage4_fast.tests.schemathesis_hooks",
-               MINISGL_TEST_CONTEXT_LENGTH=str(context), NO_COLOR="1")
+               MINISGL_TEST_CONTEXT_LENGTH=str(context), MINISGL_TEST_VOCAB_SIZE=str(vocab), NO_COLOR="1")
     cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{tiny_server.base_url}/openapi.json", "--checks", "all",
            "--phases", "coverage,fuzzing", "--max-examples", str(MAX_EXAMPLES), "--seed", "1",
            "--request-timeout", "60", "--workers", str(WORKERS), "--output-sanitize", "false"]

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import List
 
+import httpx
 import pytest
 
 from stage4_fast.core import SamplingParams
@@ -85,6 +86,23 @@ def test_every_other_end_is_logged_as_what_it_was(caplog, replies, read, says):
     _run(_frontend(), replies, read)
     lines = _lines(caplog)
     assert len(lines) == 2 and says in lines[1], lines
+
+
+def test_the_end_user_a_client_names_is_in_the_line(caplog, tools_server):
+    """OpenAI's ``user`` field (an id of the client's end user) is what the log shows with the request."""
+    caplog.set_level(logging.INFO, logger="stage4_fast.server.request_log")
+    fm = _frontend()
+    fm.submit("hi", SamplingParams(), user="alice")
+    assert _lines(caplog) == ["request 0 received from user 'alice': prompt 'hi', params {}"]
+    for path, body in (("completions", {"prompt": "hi"}), ("chat/completions", {"messages": [
+            {"role": "user", "content": "hi"}]})):
+        r = httpx.post(f"{tools_server.base_url}/v1/{path}", json={**body, "max_tokens": 1, "user": f"u-{path}"},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        assert f"from user 'u-{path}'" in tools_server.log()
+    fm = _frontend(max_len=3)
+    fm.submit("hi", SamplingParams(), user="bob-1234")  # cut as a prompt is
+    assert _lines(caplog)[-1] == "request 0 received from user 'bob' (+5 more): prompt 'hi', params {}"
 
 
 def test_no_line_without_the_flag(caplog):
