@@ -151,8 +151,9 @@ class LLMAdapter:
 
         def timed_send_result(reply):
             now = time.perf_counter()
-            for msg in reply:
-                self.token_times.setdefault(msg.uid, []).append(now)
+            for msg in reply:  # stage 4 sends a step's plain tokens as columns (TokenColumnsMsg)
+                for uid in getattr(msg, "uids", None) or [msg.uid]:
+                    self.token_times.setdefault(uid, []).append(now)
             send_result(reply)
 
         self.llm.engine.forward_batch = counting_forward_batch

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from ..core import SamplingParams
 from ..distributed import DistributedInfo
-from ..message import BaseBackendMsg, DetokenizeMsg, TokenLogprobs, UserMsg
+from ..message import BaseBackendMsg, BaseTokenizerMsg, DetokenizeMsg, TokenColumnsMsg, TokenLogprobs, UserMsg
 from ..scheduler import Scheduler, SchedulerConfig
 from ..tokenizer.detokenize import batch_decoder
 from ..utils import int_tensor
@@ -104,8 +104,13 @@ class LLM(Scheduler):
             total_len += len(input_ids)
         return msgs
 
-    def offline_send_result(self, reply: List[DetokenizeMsg]) -> None:
+    def offline_send_result(self, reply: List[BaseTokenizerMsg]) -> None:
         for msg in reply:
+            if isinstance(msg, TokenColumnsMsg):  # tokens with nothing else to report: output ids only
+                for uid, token in zip(msg.uids, msg.tokens):
+                    self.status_map[uid].output_ids.append(token)
+                continue
+            assert isinstance(msg, DetokenizeMsg)
             status = self.status_map[msg.uid]
             if msg.error is not None:
                 status.error = msg.error

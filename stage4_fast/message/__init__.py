@@ -11,7 +11,9 @@ from .tokenizer import (
     DetokenizeMsg,
     StatsMsg,
     StatsQueryMsg,
+    TokenColumnsMsg,
     TokenizeMsg,
+    expand_columns,
 )
 
 __all__ = [
@@ -30,8 +32,10 @@ __all__ = [
     "StatsQueryMsg",
     "StatsReply",
     "TextLogprobs",
+    "TokenColumnsMsg",
     "TokenLogprobs",
     "TokenizeMsg",
     "UserMsg",
     "UserReply",
+    "expand_columns",
 ]

@@ -48,6 +48,36 @@ class DetokenizeMsg(BaseTokenizerMsg):
 
 
 @dataclass
+class TokenColumnsMsg(BaseTokenizerMsg):
+    """Not upstream: one step's tokens of the running requests that have nothing else to report (not the first
+    token, not the last, no logprobs) as three columns; row i stands for ``DetokenizeMsg(uids[i], tokens[i], False,
+    skip_special_tokens=skip_special_tokens[i])``. At 256 running requests the scheduler appends to three lists
+    and msgpack packs them in C, where 256 messages cost it ~1 us each to build and serialize, a seventh of its
+    time per streamed token (bench/results/cpu-scheduler-columns.md). Whoever reads the replies takes ``rows()``."""
+
+    uids: List[int]
+    tokens: List[int]
+    skip_special_tokens: List[bool]
+
+    def rows(self) -> List[DetokenizeMsg]:
+        return [DetokenizeMsg(uid, token, False, skip_special_tokens=skip)
+                for uid, token, skip in zip(self.uids, self.tokens, self.skip_special_tokens)]
+
+
+def expand_columns(msgs: List[BaseTokenizerMsg]) -> List[BaseTokenizerMsg]:
+    """``msgs`` with every ``TokenColumnsMsg`` replaced by its rows, in place."""
+    if not any(isinstance(m, TokenColumnsMsg) for m in msgs):
+        return msgs
+    out: List[BaseTokenizerMsg] = []
+    for m in msgs:
+        if isinstance(m, TokenColumnsMsg):
+            out.extend(m.rows())
+        else:
+            out.append(m)
+    return out
+
+
+@dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     uid: int
     # raw prompt, chat messages ([{"role", "content"}, stage 4 also an assistant's "tool_calls" and a tool's
@@ -80,5 +110,5 @@ class StatsMsg(BaseTokenizerMsg):
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg, AbortMsg, StatsQueryMsg,
-                                    StatsMsg, SamplingParams, TokenLogprobs)}
+_CLS_MAP = {c.__name__: c for c in (BatchTokenizerMsg, DetokenizeMsg, TokenColumnsMsg, TokenizeMsg, AbortMsg,
+                                    StatsQueryMsg, StatsMsg, SamplingParams, TokenLogprobs)}

@@ -37,11 +37,13 @@ from ..env import ENV
 from ..message import (
     AbortBackendMsg,
     BaseBackendMsg,
+    BaseTokenizerMsg,
     BatchBackendMsg,
     DetokenizeMsg,
     ExitMsg,
     StatsBackendMsg,
     StatsMsg,
+    TokenColumnsMsg,
     TokenLogprobs,
     UserMsg,
 )
@@ -314,7 +316,13 @@ class Scheduler(SchedulerIOMixin):
         logprob_args, logprobs = fwd_input.sample_args.logprobs, fwd_output.logprobs
         tokens = tokens_cpu.tolist()
         token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
-        reply: List[DetokenizeMsg] = []
+        reply: List[BaseTokenizerMsg] = []
+        # a token with nothing else to report goes into three columns, not a message of its own (TokenColumnsMsg);
+        # with a stream interval the held tokens are messages (StreamInterval picks them by uid)
+        columns = TokenColumnsMsg([], [], [])
+        plain_uid, plain_token = columns.uids.append, columns.tokens.append
+        plain_skip = columns.skip_special_tokens.append
+        use_columns = self.stream_out.interval == 1
         # this loop runs for every running request at every step: what it reads is looked up once
         num_prefill, eos, grammar = batch.num_prefill_reqs, self.eos_token_id, self.grammar
         has_grammar = grammar.active
@@ -323,23 +331,30 @@ class Scheduler(SchedulerIOMixin):
                 if isinstance(req, ChunkedReq) or self._is_stale(req):
                     continue
                 params = req.sampling_params
-                msg = DetokenizeMsg(req.uid, token, False, skip_special_tokens=params.skip_special_tokens,
-                                    logprobs=token_logprobs.get(i) if token_logprobs else None)
                 is_prefill = i < num_prefill
-                if is_prefill:  # the request's first token: report what its prompt cost
-                    msg.prompt_tokens = len(req.input_ids)
-                    msg.cached_tokens = self._cached_prompt.pop(req.uid, 0)
-                    if params.echo:
-                        msg.prompt_logprobs = self._echoed_prompt(req)
+                first = None
+                if is_prefill:  # the request's first token: report what its prompt cost (before the append)
+                    first = (len(req.input_ids), self._cached_prompt.pop(req.uid, 0),
+                             self._echoed_prompt(req) if params.echo else None)
                 req.append_host(token)
                 stopped = (token == eos and not params.ignore_eos) or token in params.stop_token_ids
                 # a grammar that is complete ends the request like EOS
                 if has_grammar and grammar.has(req.uid):
                     stopped |= grammar.accept(req.uid, token)
                 finished = stopped or length_finished[i]
-                if finished:
-                    msg.finished, msg.finish_reason = True, "stop" if stopped else "length"
-                reply.append(msg)
+                row_logprobs = token_logprobs.get(i) if token_logprobs else None
+                if use_columns and not finished and first is None and row_logprobs is None:
+                    plain_uid(req.uid)
+                    plain_token(token)
+                    plain_skip(params.skip_special_tokens)
+                else:
+                    msg = DetokenizeMsg(req.uid, token, finished, skip_special_tokens=params.skip_special_tokens,
+                                        logprobs=row_logprobs)
+                    if first is not None:
+                        msg.prompt_tokens, msg.cached_tokens, msg.prompt_logprobs = first
+                    if finished:
+                        msg.finish_reason = "stop" if stopped else "length"
+                    reply.append(msg)
                 if finished:
                     self._finish_req(req)
                 elif is_prefill:
@@ -347,6 +362,8 @@ class Scheduler(SchedulerIOMixin):
                     self.prefill_manager.prefix_cached(req.uid)
             self._done_id = batch_id
             self._release_done()
+        if columns.uids:
+            reply.append(columns)
         if out := self.stream_out.step(reply):
             self.send_result(out)
 

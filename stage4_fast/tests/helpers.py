@@ -15,7 +15,7 @@ import torch
 
 from stage4_fast.core import Batch, SamplingParams
 from stage4_fast.llm import LLM
-from stage4_fast.message import DetokenizeMsg
+from stage4_fast.message import BaseTokenizerMsg, DetokenizeMsg, expand_columns
 
 
 def make_llm(model: Path | str, **kwargs) -> LLM:
@@ -48,8 +48,8 @@ class ReplyRecorder:
         self.msgs: List[DetokenizeMsg] = []
         inner = llm.send_result
 
-        def send_result(reply: List[DetokenizeMsg]) -> None:
-            self.msgs.extend(reply)
+        def send_result(reply: List[BaseTokenizerMsg]) -> None:
+            self.msgs.extend(expand_columns(reply))  # (a step's plain tokens travel as columns)
             inner(reply)
 
         llm.send_result = send_result  # type: ignore[method-assign]

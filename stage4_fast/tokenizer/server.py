@@ -22,6 +22,7 @@ from ..message import (
     TokenizeMsg,
     UserMsg,
     UserReply,
+    expand_columns,
 )
 from ..utils.hf import load_tokenizer
 from ..utils.mp import ZmqPullQueue, ZmqPushQueue
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 def _unwrap(msg: BaseTokenizerMsg) -> List[BaseTokenizerMsg]:
-    return list(msg.data) if isinstance(msg, BatchTokenizerMsg) else [msg]
+    return expand_columns(list(msg.data) if isinstance(msg, BatchTokenizerMsg) else [msg])
 
 
 def _wrap(msgs: list, batch_cls: type) -> Any:
