@@ -23,10 +23,12 @@ from stage4_fast.message import (
     StatsQueryMsg,
     StatsReply,
     TextLogprobs,
+    TokenColumnsMsg,
     TokenizeMsg,
     TokenLogprobs,
     UserMsg,
     UserReply,
+    expand_columns,
 )
 
 
@@ -126,6 +128,21 @@ def test_columns_in_another_field_order_still_decode():
     got = BaseFrontendMsg.decoder(wire).data
     assert [(r.uid, r.incremental_output, r.finished, r.finish_reason) for r in got] == [(1, "a", False, ""),
                                                                                          (2, "b", True, "stop")]
+
+
+def test_a_steps_plain_tokens_travel_as_three_lists_and_read_as_their_rows():
+    columns = TokenColumnsMsg([4, 9, 2], [100, 101, 102], [True, False, True])
+    step = BatchTokenizerMsg([DetokenizeMsg(7, 5, True, finish_reason="length"), columns])
+    wire = step.encoder()["data"][1]
+    assert wire == {"__type__": "TokenColumnsMsg", "uids": [4, 9, 2], "tokens": [100, 101, 102],
+                    "skip_special_tokens": [True, False, True]}  # three plain lists: msgpack packs them in C
+    got = _wire(step, BaseTokenizerMsg)
+    assert got.data[1] == columns
+    rows = expand_columns(got.data)
+    assert rows == [DetokenizeMsg(7, 5, True, finish_reason="length"), DetokenizeMsg(4, 100, False),
+                    DetokenizeMsg(9, 101, False, skip_special_tokens=False), DetokenizeMsg(2, 102, False)]
+    plain = [DetokenizeMsg(1, 2, False)]
+    assert expand_columns(plain) is plain  # nothing to expand: the list itself
 
 
 # stage 4: the production API's fields and logprobs

@@ -185,6 +185,33 @@ def test_mixed_chunks_carry_the_running_requests(tiny_model):
     assert_pool_accounted(llm)
 
 
+def test_a_steps_plain_tokens_leave_as_one_columns_message(tiny_model):
+    """Every decode step's tokens that are not a request's first or last leave the scheduler as one
+    TokenColumnsMsg; with a stream interval (which holds messages by uid) they stay messages. Either way the
+    requests get the same tokens."""
+    from stage4_fast.message import TokenColumnsMsg
+
+    prompts = [[7, 8, 9], [10, 11], [12, 13, 14, 15]]
+    outputs, columns = {}, {}
+    for interval in (1, 3):
+        llm = make_llm(tiny_model("qwen3"), stream_interval=interval)
+        sends: List[list] = []
+        inner = llm.send_result
+
+        def send(reply, sends=sends, inner=inner):
+            sends.append(list(reply))
+            inner(reply)
+
+        llm.send_result = send  # type: ignore[method-assign]
+        outputs[interval] = [o["token_ids"] for o in llm.generate(prompts, greedy(6), use_tqdm=False)]
+        columns[interval] = [[m for m in reply if isinstance(m, TokenColumnsMsg)] for reply in sends]
+        del llm.send_result
+    assert all(len(found) <= 1 for found in columns[1])  # one per step at most
+    assert sum(len(c.uids) for found in columns[1] for c in found) == 3 * 4  # tokens 2..5 of each request
+    assert not any(columns[3])
+    assert outputs[1] == outputs[3]
+
+
 def test_radix_cache_serves_a_repeated_prefix(tiny_model):
     llm = make_llm(tiny_model("qwen3"), cache_type="radix")
     shared = list(range(200, 232))
