@@ -48,10 +48,13 @@ class SamplingParams:
     logit_bias: List[Tuple[int, float]] = field(default_factory=list)  # (token id, added to its logit)
     logprobs: int | None = None  # report the sampled token's logprob and the `logprobs` most likely ones
     echo: bool = False  # the first reply carries the prompt's ids, with `logprobs` also their logprobs
-    # structured output (sampling/grammar.py), SGLang's three fields; at most one is set
+    # structured output (sampling/grammar.py), SGLang's four fields; at most one is set
     json_schema: str | None = None  # the output is JSON valid against this schema (JSON text)
     regex: str | None = None  # the output matches this regular expression
     ebnf: str | None = None  # the output is a sentence of this EBNF grammar (xgrammar's dialect; its rule `root`)
+    # free text until a trigger, then a tagged structure (JSON text: xgrammar's structural tag, or the older
+    # {"structures": [{"begin", "schema", "end"}], "triggers": [...]} that vLLM and SGLang also take)
+    structural_tag: str | None = None
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before the output has this many tokens (vLLM's)
 
     def __post_init__(self) -> None:
@@ -75,13 +78,14 @@ class SamplingParams:
 
     @property
     def grammar(self) -> Tuple[str, str] | None:
-        """The structured output asked for, as (kind, source), kind one of json_schema / regex / ebnf; None: free
-        text. More than one is a ValueError (SGLang refuses it too)."""
-        kinds = (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf))
+        """The structured output asked for, as (kind, source), kind one of json_schema / regex / ebnf /
+        structural_tag; None: free text. More than one is a ValueError (SGLang refuses it too)."""
+        kinds = (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf),
+                 ("structural_tag", self.structural_tag))
         asked = [(kind, source) for kind, source in kinds if source is not None]
         if len(asked) > 1:
-            raise ValueError(f"only one of json_schema, regex and ebnf can be set (got {asked[0][0]} and "
-                             f"{asked[1][0]})")
+            raise ValueError(f"only one of json_schema, regex, ebnf and structural_tag can be set (got "
+                             f"{asked[0][0]} and {asked[1][0]})")
         return asked[0] if asked else None
 
     @property

@@ -18,6 +18,7 @@ can emit newlines until ``max_tokens`` runs out (vLLM and SGLang allow any white
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import re
 import threading
@@ -50,7 +51,22 @@ def _xgrammar() -> ModuleType:
 
 # what a source that xgrammar cannot compile is called in the error, by kind
 _UNSUPPORTED = {"json_schema": "unsupported JSON schema", "regex": "unsupported regular expression",
-                "ebnf": "unsupported EBNF grammar"}
+                "ebnf": "unsupported EBNF grammar", "structural_tag": "unsupported structural tag"}
+
+
+def _compile_structural_tag(compiler: Any, source: str) -> Any:
+    """xgrammar's structural tag (JSON text), or the older form vLLM and SGLang also take: ``{"structures":
+    [{"begin", "schema", "end"}], "triggers": [...]}`` (free text until a trigger starts one of the structures)."""
+    tag = json.loads(source)
+    if not (isinstance(tag, dict) and "structures" in tag):
+        return compiler.compile_structural_tag(source)
+    try:
+        items = [_xgrammar().StructuralTagItem(begin=s["begin"], end=s["end"], schema=s["schema"] if isinstance(
+            s["schema"], str) else json.dumps(s["schema"])) for s in tag["structures"]]
+        triggers = tag["triggers"]
+    except (KeyError, TypeError):
+        raise ValueError("each of structures needs begin, schema and end, and the tag needs triggers") from None
+    return compiler.compile_structural_tag(items, triggers)
 
 
 def _compile_error(kind: str, e: Exception) -> GrammarError:
@@ -115,13 +131,16 @@ class GrammarBackend:
             return self._compiler
 
     def add(self, uid: int, kind: str, source: str) -> None:
-        """A matcher for request ``uid``: ``kind`` is json_schema, regex or ebnf (``SamplingParams.grammar``)."""
+        """A matcher for request ``uid``: ``kind`` is json_schema, regex, ebnf or structural_tag
+        (``SamplingParams.grammar``)."""
         compiler = self._get_compiler()
         try:
             if kind == "json_schema":
                 compiled = compiler.compile_json_schema(source, any_whitespace=False)
             elif kind == "regex":
                 compiled = compiler.compile_regex(source)
+            elif kind == "structural_tag":
+                compiled = _compile_structural_tag(compiler, source)
             else:
                 compiled = compiler.compile_grammar(source)  # EBNF (GBNF-like), rule "root"
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own types

@@ -337,9 +337,9 @@ ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFor
 
 def _structured_outputs_rules(schema: Dict[str, Any], cls: type) -> None:
     _add_not_implemented(schema, cls)
-    # the schema states the rule _check_one enforces: one of the four non-null (json_object null or false), or
-    # json_object true and the four null
-    null, names = {"type": "null"}, ["json", "regex", "choice", "grammar"]
+    # the schema states the rule _check_one enforces: one of the five non-null (json_object null or false), or
+    # json_object true and the five null
+    null, names = {"type": "null"}, ["json", "regex", "choice", "grammar", "structural_tag"]
     schema["anyOf"] = [
         *({"required": [name], "properties": {**{other: null for other in names if other != name},
                                               name: {"not": null}, "json_object": {"anyOf": [null, {"const": False}]}}}
@@ -355,7 +355,6 @@ class StructuredOutputs(_Strict):
                               json_schema_extra=_structured_outputs_rules)
 
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = {
-        "structural_tag": _NI((), "structural tags"),
         "whitespace_pattern": _NI((), "a pattern for JSON's whitespace"),
         # JSON is generated without free whitespace here (sampling/grammar.py), which is what true asks for
         "disable_any_whitespace": _NI((True,), "free whitespace in JSON"),
@@ -366,15 +365,18 @@ class StructuredOutputs(_Strict):
     choice: List[str] | None = Field(None, min_length=1, description="the output is one of these strings")
     grammar: str | None = Field(None, description="an EBNF grammar (xgrammar's dialect, rule root)")
     json_object: bool | None = Field(None, description="true: any JSON object")
+    structural_tag: str | None = Field(None, description="a structural tag (JSON text: xgrammar's format, or "
+                                                         "{structures: [{begin, schema, end}], triggers})")
 
     @model_validator(mode="after")
     def _check_one(self) -> StructuredOutputs:
         if len(self.constraints()) != 1:
-            raise ValueError("give exactly one of json, regex, choice, grammar, json_object: true")
+            raise ValueError("give exactly one of json, regex, choice, grammar, structural_tag, json_object: true")
         return self
 
     def constraints(self) -> List[str]:
-        given = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        given = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
+                 "structural_tag": self.structural_tag}
         return [name for name, value in given.items() if value is not None] + (["json_object"] if self.json_object
                                                                                else [])
 
@@ -388,6 +390,8 @@ class StructuredOutputs(_Strict):
             return "ebnf", "root ::= " + " | ".join(json.dumps(c) for c in self.choice)
         if self.grammar is not None:
             return "ebnf", self.grammar
+        if self.structural_tag is not None:
+            return "structural_tag", self.structural_tag
         return "json_schema", JSON_OBJECT_SCHEMA
 
 

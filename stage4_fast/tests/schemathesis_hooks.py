@@ -29,7 +29,9 @@ CONTEXT = int(os.environ.get("MINISGL_TEST_CONTEXT_LENGTH", "0"))
 VOCAB = int(os.environ.get("MINISGL_TEST_VOCAB_SIZE", "1"))
 # text the grammar compiler takes, by field: the request's own, and structured_outputs'
 COMPILABLE = {"regex": "[a-z]", "ebnf": 'root ::= "a"', "json_schema": '{"type": "object"}'}
-COMPILABLE_NESTED = {"regex": "[a-z]", "grammar": 'root ::= "a"', "json": '{"type": "object"}'}
+COMPILABLE_NESTED = {"regex": "[a-z]", "grammar": 'root ::= "a"', "json": '{"type": "object"}',
+                     "structural_tag": '{"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], '
+                                       '"triggers": ["<a>"]}'}
 
 
 def _asks_for_structure(name: str, value: object) -> bool:

@@ -119,6 +119,8 @@ def test_min_tokens_goes_with_stop_tokens_and_strings(model, base):
     ({"structured_outputs": {"grammar": 'root ::= "a"'}}, {"ebnf": 'root ::= "a"'}),
     ({"structured_outputs": {"json_object": True}}, {"json_schema": '{"type": "object"}'}),
     ({"structured_outputs": {"choice": ["yes", 'a "b"\\c\n']}}, {"ebnf": 'root ::= "yes" | "a \\"b\\"\\\\c\\n"'}),
+    ({"structured_outputs": {"structural_tag": '{"structures": [], "triggers": []}'}},
+     {"structural_tag": '{"structures": [], "triggers": []}'}),
 ])
 def test_each_way_to_ask_for_structured_output_becomes_one_grammar(fields, grammar):
     assert CompletionRequest.model_validate({"prompt": "x", **fields}).grammar() == grammar
@@ -148,6 +150,7 @@ def test_one_structured_output_per_request(model, base):
     ({"regex": "a", "choice": None}, True),
     ({}, False), ({"json_object": False}, False), ({"regex": "a", "grammar": "b"}, False),
     ({"regex": "a", "json_object": True}, False), ({"choice": []}, False),
+    ({"structural_tag": "{}"}, True), ({"structural_tag": "{}", "regex": "a"}, False),
 ])
 def test_structured_outputs_takes_exactly_one_constraint_and_the_schema_says_so(outputs, valid):
     jsonschema = pytest.importorskip("jsonschema")

@@ -3,6 +3,7 @@ batched in the sampler, and logprobs (also of an echoed prompt) equal to log_sof
 
 from __future__ import annotations
 
+import json
 import math
 from typing import List
 
@@ -324,7 +325,7 @@ def test_min_tokens_holds_the_stop_tokens_back_until_the_output_is_long_enough()
 
 
 def test_an_offline_llm_takes_a_regex_or_a_grammar_and_refuses_both(tiny_dir):
-    """SGLang's three structured output fields of SamplingParams: the random model's samples keep to a regular
+    """SGLang's structured output fields of SamplingParams: the random model's samples keep to a regular
     expression or an EBNF grammar; a request with two of them is refused with the reason, the others run."""
     pytest.importorskip("xgrammar")
     import re
@@ -341,4 +342,29 @@ def test_an_offline_llm_takes_a_regex_or_a_grammar_and_refuses_both(tiny_dir):
         llm.shutdown()
     assert re.fullmatch("(yes|no)-[0-9]{2}", regex["text"]), regex
     assert re.fullmatch("x[ab]{2}y", grammar["text"]), grammar
-    assert "only one of json_schema, regex and ebnf" in both["error"], both
+    assert "only one of json_schema, regex, ebnf and structural_tag" in both["error"], both
+
+
+def test_a_structural_tag_in_either_form_leaves_text_free_until_a_trigger(smollm2_dir):
+    """vLLM's and SGLang's structural tag: free text until a trigger, then the tagged structure (JSON held to its
+    schema) and its end. xgrammar's own form and the older {structures, triggers} both compile to it."""
+    pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from stage4_fast.sampling import GrammarBackend
+    from stage4_fast.sampling.grammar import GrammarError
+
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris"]}}, "required": ["city"]}
+    older = {"structures": [{"begin": "<f=weather>", "schema": schema, "end": "</f>"}], "triggers": ["<f="]}
+    newer = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f="], "tags": [
+        {"begin": "<f=weather>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</f>"}]}}
+    backend = GrammarBackend(AutoTokenizer.from_pretrained(smollm2_dir), 49152)
+    for uid, tag in enumerate((older, newer)):
+        backend.add(uid, "structural_tag", json.dumps(tag))
+        assert backend.matchers[uid].accept_string('Let me see. <f=weather>{"city": "Paris"}</f> Done.')
+        backend.add(uid, "structural_tag", json.dumps(tag))
+        assert not backend.matchers[uid].accept_string('<f=weather>{"city": "Lyon"}')  # held to the schema
+    with pytest.raises(GrammarError, match="unsupported structural tag: each of structures needs begin"):
+        backend.add(9, "structural_tag", '{"structures": [{"begin": "<a>"}]}')
+    with pytest.raises(GrammarError, match="unsupported structural tag"):
+        backend.add(9, "structural_tag", "not json")

@@ -147,7 +147,10 @@ def test_a_schema_holds_every_sample_of_a_random_model(client, tiny_dir):
     ({"regex": "(ab|cd)[0-9]{3}"}, lambda text: re.fullmatch("(ab|cd)[0-9]{3}", text)),
     ({"structured_outputs": {"choice": ["north", "south", "east", "west"]}},
      lambda text: text in ("north", "south", "east", "west")),
-], ids=["regex", "choice"])
+    ({"structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<n>", "content": {"type": "regex", "pattern": "[0-9]{3}"}, "end": "</n>"}})}},
+     lambda text: re.fullmatch("<n>[0-9]{3}</n>", text)),
+], ids=["regex", "choice", "structural_tag"])
 def test_a_regex_or_a_choice_holds_every_sample_of_a_random_model(client, tiny_dir, extra, holds):
     r = client.chat.completions.create(model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}],
                                        max_tokens=20, temperature=1.0, seed=5, n=3, extra_body=extra)

@@ -84,6 +84,8 @@ CASES = [
     ("unsupported regex", COMPLETIONS, {"prompt": "a", "regex": "(a"}, 400, "invalid_request"),
     ("unsupported EBNF grammar", COMPLETIONS, {"prompt": "a", "structured_outputs": {"grammar": "root = 'a'"}}, 400,
      "invalid_request"),
+    ("unsupported structural tag", COMPLETIONS, {"prompt": "a", "structured_outputs": {"structural_tag": "[1]"}}, 400,
+     "invalid_request"),
     ("two kinds of structured output", CHAT,
      {"messages": MSG, "regex": "a", "response_format": {"type": "json_object"}}, 400, "invalid_value"),
     ("structured_outputs with two constraints", COMPLETIONS,
