@@ -52,7 +52,7 @@ class TokenColumnsMsg(BaseTokenizerMsg):
     """Not upstream: one step's tokens of the running requests that have nothing else to report (not the first
     token, not the last, no logprobs) as three columns; row i stands for ``DetokenizeMsg(uids[i], tokens[i], False,
     skip_special_tokens=skip_special_tokens[i])``. At 256 running requests the scheduler appends to three lists
-    and msgpack packs them in C, where 256 messages cost it ~1 us each to build and serialize, a seventh of its
+    and msgpack packs them in C, where 256 messages cost it ~1 us each to build and serialize, about a sixth of its
     time per streamed token (bench/results/cpu-scheduler-columns.md). Whoever reads the replies takes ``rows()``."""
 
     uids: List[int]
@@ -65,7 +65,8 @@ class TokenColumnsMsg(BaseTokenizerMsg):
 
 
 def expand_columns(msgs: List[BaseTokenizerMsg]) -> List[BaseTokenizerMsg]:
-    """``msgs`` with every ``TokenColumnsMsg`` replaced by its rows, in place."""
+    """``msgs`` with every ``TokenColumnsMsg`` replaced by its rows, in their place (``msgs`` itself when it has
+    none)."""
     if not any(isinstance(m, TokenColumnsMsg) for m in msgs):
         return msgs
     out: List[BaseTokenizerMsg] = []
