@@ -332,7 +332,36 @@ class JSONSchemaResponseFormat(_Strict):
     json_schema: JSONSchemaFormat
 
 
-ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
+class TaggedStructure(_Strict):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    begin: str = Field(min_length=1, description="the text that opens the structure (starts with a trigger)")
+    schema_: Dict[str, Any] = Field(alias="schema", description="the JSON schema of what comes between")
+    end: str = Field(description="the text that closes it")
+
+
+class StructuralTagResponseFormat(_Strict):
+    """SGLang's and vLLM's structural tag: free text until one of ``triggers``, then one of ``structures``."""
+
+    type: Literal["structural_tag"]
+    structures: List[TaggedStructure] = Field(min_length=1)
+    triggers: List[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, description="each structure's begin starts with one of them")
+
+    @model_validator(mode="after")
+    def _check_triggers(self) -> StructuralTagResponseFormat:
+        for s in self.structures:  # (xgrammar's own refusal of it is an internal check's message)
+            if not any(s.begin.startswith(t) for t in self.triggers):
+                raise ValueError(f"the structure that begins {s.begin!r} starts with none of the triggers")
+        return self
+
+    def source(self) -> str:
+        """As ``SamplingParams.structural_tag`` (xgrammar's older form, sampling/grammar.py)."""
+        return json.dumps({"structures": [{"begin": s.begin, "schema": s.schema_, "end": s.end}
+                                          for s in self.structures], "triggers": self.triggers})
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat | StructuralTagResponseFormat,
+                           Field(discriminator="type")]
 
 
 def _structured_outputs_rules(schema: Dict[str, Any], cls: type) -> None:
@@ -444,7 +473,8 @@ class SamplingFields(_Strict):
     logit_bias: Dict[BiasedTokenId, Bias] | None = Field(
         None, description="token id (as a string) -> bias added to its logit; ids beyond the vocabulary are a 400")
     response_format: ResponseFormat | None = Field(
-        None, description="json_object or json_schema (xgrammar); a schema xgrammar cannot compile is a 400"
+        None, description="json_object, json_schema or structural_tag (SGLang / vLLM: free text until a trigger, "
+                          "then a structure), through xgrammar; one it cannot compile is a 400"
                           + _ONE_OF_THEM)
     # the other ways vLLM and SGLang ask for structured output
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension" + _ONE_OF_THEM)
@@ -458,13 +488,15 @@ class SamplingFields(_Strict):
         return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
 
     def grammar(self) -> Dict[str, str]:
-        """The structured output asked for, as ``SamplingParams``' field (json_schema, regex or ebnf) -> source;
-        empty for free text."""
+        """The structured output asked for, as ``SamplingParams``' field (json_schema, regex, ebnf or structural_tag)
+        -> source; empty for free text."""
         fmt, outputs = self.response_format, self.structured_outputs
         if isinstance(fmt, JSONSchemaResponseFormat):
             return {"json_schema": json.dumps(fmt.json_schema.schema_)}
         if isinstance(fmt, JSONObjectFormat):
             return {"json_schema": JSON_OBJECT_SCHEMA}
+        if isinstance(fmt, StructuralTagResponseFormat):
+            return {"structural_tag": fmt.source()}
         if outputs is not None:
             return dict([outputs.grammar_source()])
         return {kind: source for kind, source in (("json_schema", self.json_schema), ("regex", self.regex),

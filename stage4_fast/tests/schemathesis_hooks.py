@@ -11,7 +11,9 @@ it.
 A body that asks for structured output in more than one way keeps only the first: the server refuses the rest
 (400), and the schema states that rule in words only (``protocol._sampling_request_rules`` says why). A regular
 expression, grammar or schema given as text is a string to the schema, and compiles or is a 400 at run time (as a
-context length is a bound known at run time); a string there becomes one that compiles. The tiny model's chat
+context length is a bound known at run time); a string there becomes one that compiles, and so does a structural
+tag response format (each structure's begin must start with a trigger, which the schema says in words). The tiny
+model's chat
 template renders no tools, which the server finds out at run time (a 400): a chat or /tokenize body's tools (and
 tool_choice) are left out (``tests/test_tool_calls.py`` serves them with a template that renders them).
 """
@@ -29,6 +31,10 @@ CONTEXT = int(os.environ.get("MINISGL_TEST_CONTEXT_LENGTH", "0"))
 VOCAB = int(os.environ.get("MINISGL_TEST_VOCAB_SIZE", "1"))
 # text the grammar compiler takes, by field: the request's own, and structured_outputs'
 COMPILABLE = {"regex": "[a-z]", "ebnf": 'root ::= "a"', "json_schema": '{"type": "object"}'}
+# a structural tag response format the schema allows becomes this one: the schema cannot say that each begin
+# starts with a trigger, and xgrammar takes no text that is not UTF-8 (a lone surrogate)
+COMPILABLE_TAG_FORMAT = {"type": "structural_tag", "structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}],
+                         "triggers": ["<a"]}
 COMPILABLE_NESTED = {"regex": "[a-z]", "grammar": 'root ::= "a"', "json": '{"type": "object"}',
                      "structural_tag": '{"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], '
                                        '"triggers": ["<a>"]}'}
@@ -37,6 +43,14 @@ COMPILABLE_NESTED = {"regex": "[a-z]", "grammar": 'root ::= "a"', "json": '{"typ
 def _asks_for_structure(name: str, value: object) -> bool:
     return value is not None and not (name == "response_format" and isinstance(value, dict)
                                       and value.get("type") == "text")
+
+
+def _schema_valid_tag_format(fmt: dict) -> bool:
+    structures, triggers = fmt.get("structures"), fmt.get("triggers")
+    return (set(fmt) == {"type", "structures", "triggers"} and isinstance(structures, list) and bool(structures)
+            and all(isinstance(s, dict) and set(s) == {"begin", "schema", "end"} and isinstance(s["begin"], str)
+                    and s["begin"] and isinstance(s["schema"], dict) and isinstance(s["end"], str) for s in structures)
+            and isinstance(triggers, list) and bool(triggers) and all(isinstance(t, str) and t for t in triggers))
 
 
 def _valid_count(value: object) -> bool:
@@ -61,6 +75,9 @@ def before_call(context, case, kwargs) -> None:
     if path == "/v1/completions" and isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CHOICES:
             body["n"] = min(n, max(1, MAX_CHOICES // len(prompt)))
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "structural_tag" and _schema_valid_tag_format(fmt):
+        body["response_format"] = COMPILABLE_TAG_FORMAT
     bias = body.get("logit_bias")
     if isinstance(bias, dict):
         body["logit_bias"] = {(str(int(k) % VOCAB) if k.isascii() and k.isdigit() else k): v for k, v in bias.items()}

@@ -121,6 +121,10 @@ def test_min_tokens_goes_with_stop_tokens_and_strings(model, base):
     ({"structured_outputs": {"choice": ["yes", 'a "b"\\c\n']}}, {"ebnf": 'root ::= "yes" | "a \\"b\\"\\\\c\\n"'}),
     ({"structured_outputs": {"structural_tag": '{"structures": [], "triggers": []}'}},
      {"structural_tag": '{"structures": [], "triggers": []}'}),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f"], "structures": [
+        {"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}]}},
+     {"structural_tag": '{"structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}], '
+                        '"triggers": ["<f"]}'}),
 ])
 def test_each_way_to_ask_for_structured_output_becomes_one_grammar(fields, grammar):
     assert CompletionRequest.model_validate({"prompt": "x", **fields}).grammar() == grammar

@@ -158,6 +158,22 @@ def test_a_regex_or_a_choice_holds_every_sample_of_a_random_model(client, tiny_d
         assert choice.finish_reason == "stop" and holds(choice.message.content), choice.message.content
 
 
+def test_a_structural_tag_response_format_holds_what_follows_a_trigger(client, tiny_dir):
+    """SGLang's and vLLM's response_format structural_tag: free text until a trigger, then the structure's begin,
+    JSON held to its schema and its end. The random model is pushed to the trigger by a logit bias."""
+    tag = {"type": "structural_tag", "triggers": ["<"],
+           "structures": [{"begin": "<w>", "schema": {"enum": ["yes", "no"]}, "end": "</w>"}]}
+    from transformers import AutoTokenizer
+
+    [lt] = AutoTokenizer.from_pretrained(tiny_dir).encode("<", add_special_tokens=False)
+    r = client.chat.completions.create(model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=12, temperature=0, logit_bias={str(lt): 100}, response_format=tag)
+    assert re.match(r'<w>\s*"(yes|no)"\s*</w>', r.choices[0].message.content), r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="starts with none of the triggers"):
+        client.chat.completions.create(model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, response_format={**tag, "triggers": ["["]})
+
+
 def test_the_token_that_ends_a_request_has_its_logprob(complete, tiny_dir):
     """The stop token is not in the text but is in the logprobs (as vLLM): lm-eval's loglikelihood reads one
     entry per prompt token plus one per generated token, and drops the last."""
