@@ -73,8 +73,9 @@ def before_call(context, case, kwargs) -> None:
         body[keys[0]] = MAX_TOKENS
     prompt, n = body.get("prompt"), body.get("n")
     if path == "/v1/completions" and isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CHOICES:
-            body["n"] = min(n, max(1, MAX_CHOICES // len(prompt)))
+        # JSON Schema's integers include integral floats (41.0), which the server takes as 41
+        if isinstance(n, (int, float)) and not isinstance(n, bool) and 1 <= n <= MAX_CHOICES and n == int(n):
+            body["n"] = min(int(n), max(1, MAX_CHOICES // len(prompt)))
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "structural_tag" and _schema_valid_tag_format(fmt):
         body["response_format"] = COMPILABLE_TAG_FORMAT
