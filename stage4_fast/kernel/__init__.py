@@ -57,17 +57,6 @@ def fused_kernels_for(x: torch.Tensor):
     return triton_fused
 
 
-def qkv_kernel_for(hidden: torch.Tensor, weight: torch.Tensor, head_dim: int):
-    """The Triton qkv projection with the q/k norm, RoPE and K/V store in its epilogue (``triton_qkv``) when it
-    applies to a deferred-norm layer's residual rows ``hidden``: bf16/fp16 CUDA rows, a decode-sized batch, shapes
-    it takes, not switched off by MINISGL_DISABLE_QKV_GEMM. Else None: the caller runs the GEMM and the q/k kernel."""
-    if not (hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16)) or ENV.DISABLE_QKV_GEMM.value:
-        return None
-    from . import triton_qkv
-
-    return triton_qkv if triton_qkv.applies(hidden, weight, head_dim) else None
-
-
 def gemv_kernel_for(x: torch.Tensor):
     """The Triton GEMV (``triton_gemv``) when it applies to the activation ``x`` of a linear layer: one row, a CUDA
     tensor in bf16/fp16, not switched off by MINISGL_DISABLE_GEMV. Else None: callers use F.linear."""
@@ -93,6 +82,6 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
-    "fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax", "qkv_kernel_for",
+    "fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax",
     "indexing", "load_cuda_kernels", "store_cache",
 ]

@@ -195,15 +195,6 @@ def _round_to_fp8_grid(y, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     return (rounded.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
 
 
-def _fp8_format(pool_dtype: torch.dtype) -> tuple[float, int, int]:
-    """An fp8 pool's largest value, mantissa bits and smallest normal exponent (e4m3: 448, 3, -6; e5m2: 57344, 2,
-    -14), the constants ``_to_pool`` quantizes with; zeros for a 16-bit pool."""
-    if not is_fp8(pool_dtype):
-        return 0.0, 0, 0
-    info = torch.finfo(pool_dtype)
-    return info.max, -int(math.log2(info.eps)), int(math.log2(info.smallest_normal))
-
-
 def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                  cos_sin_cache: torch.Tensor, positions: torch.Tensor,
@@ -235,10 +226,13 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
         assert k_cache.shape[1:] == (num_kv_heads, head_dim)
         assert k_cache.stride() == v_cache.stride() and k_cache.stride()[1:] == (head_dim, 1)
         cache_stride = k_cache.stride(0)
+        fp8_max = fp8_mant = fp8_min_exp = 0
+        if is_fp8(k_cache.dtype):  # the format's largest value, mantissa bits and smallest normal exponent
+            info = torch.finfo(k_cache.dtype)  # (e4m3: 448, 3, -6; e5m2: 57344, 2, -14)
+            fp8_max, fp8_mant, fp8_min_exp = info.max, -int(math.log2(info.eps)), int(math.log2(info.smallest_normal))
     else:
         k_cache = v_cache = out_loc = q  # unused
-        cache_stride = 0
-    fp8_max, fp8_mant, fp8_min_exp = _fp8_format(k_cache.dtype)
+        cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0
     hidden, hidden_eps = row_scale if row_scale is not None else (q, 0.0)  # q: unused
     if row_scale is not None:
         assert hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1

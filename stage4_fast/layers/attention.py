@@ -7,9 +7,9 @@ import torch
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..env import ENV
-from ..kernel import fused_kernels_for, is_fp8, qkv_kernel_for
+from ..kernel import fused_kernels_for, is_fp8
 from ..utils import div_even
-from .base import BaseOP, StateLessOP
+from .base import StateLessOP
 from .norm import RMSNorm, scale_by_rms_of
 from .rotary import get_rope
 
@@ -77,44 +77,20 @@ class AttentionLayer(StateLessOP):
         o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch, kv_stored=kv_stored)
         return o.view(T, self.qo_attn_dim)
 
-    def forward_from_hidden(self, hidden: torch.Tensor, qkv_proj: BaseOP, hidden_eps: float) -> torch.Tensor:
-        """``forward(qkv_proj.forward(hidden), row_scale=(hidden, hidden_eps))`` (the deferred input norm,
-        models/decoder.py). A decode batch on a GPU takes one kernel for the projection, the row scale, the q/k norm,
-        RoPE and the K/V store (``kernel/triton_qkv.py``) where the GEMM and the q/k kernel would be two."""
-        kernel = qkv_kernel_for(hidden, qkv_proj.weight, self.head_dim)
-        if kernel is None:
-            return self.forward(qkv_proj.forward(hidden), row_scale=(hidden, hidden_eps))
-        ctx = get_global_ctx()
-        kv_stored = fused_kv_store_applies(ctx.kv_cache.dtype, hidden.dtype)
-        kv_store, kv_scales = self._kv_store(ctx.batch.out_loc) if kv_stored else (None, (1.0, 1.0))
-        (q_weight, k_weight), eps = self._qk_norm_weights()
-        q, k, v = kernel.qkv_norm_rope(hidden, qkv_proj.weight, self.num_qo_heads, self.num_kv_heads, self.head_dim,
-                                       q_weight, k_weight, eps, hidden_eps, self.rotary.cos_sin_cache,
-                                       ctx.batch.positions, kv_store, kv_scales)
-        o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch, kv_stored=kv_stored)
-        return o.view(hidden.shape[0], self.qo_attn_dim)
-
-    def _qk_norm_weights(self) -> tuple[tuple[torch.Tensor | None, torch.Tensor | None], float]:
-        """((q norm weight, k norm weight), their eps), or ((None, None), 0.0) for a model without q/k norms."""
-        qn, kn = self._q_norm, self._k_norm
-        if qn is None or kn is None:
-            return (None, None), 0.0
-        assert kn.eps == qn.eps
-        return (qn.weight, kn.weight), qn.eps
-
-    def _kv_store(self, out_loc: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                                                        tuple[float, float]]:
-        """(this layer's pool slots [num_slots, Hkv, D] for K and V, the step's slots), and an fp8 pool's scales."""
-        pool = get_global_ctx().kv_cache
-        shape = (-1, self.num_kv_heads, self.head_dim)
-        kv_store = (pool.k_cache(self.layer_id).view(shape), pool.v_cache(self.layer_id).view(shape), out_loc)
-        return kv_store, (pool.k_scales[self.layer_id], pool.v_scales[self.layer_id])
-
     def _fused_qk(self, fused, qkv: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor | None,
                   row_scale: tuple[torch.Tensor, float] | None) -> tuple[torch.Tensor, torch.Tensor]:
-        (q_weight, k_weight), eps = self._qk_norm_weights()
-        kv_store, kv_scales = self._kv_store(out_loc) if out_loc is not None else (None, (1.0, 1.0))
-        return fused.qk_norm_rope(qkv, self.num_qo_heads, self.num_kv_heads, self.head_dim, q_weight, k_weight, eps,
+        qn, kn = self._q_norm, self._k_norm
+        has_norm = qn is not None and kn is not None
+        eps = qn.eps if has_norm else 0.0
+        assert not has_norm or kn.eps == eps
+        kv_store, kv_scales = None, (1.0, 1.0)
+        if out_loc is not None:  # the pool's slots of this layer, [num_slots, Hkv, D], and an fp8 pool's scales
+            pool = get_global_ctx().kv_cache
+            shape = (-1, self.num_kv_heads, self.head_dim)
+            kv_store = (pool.k_cache(self.layer_id).view(shape), pool.v_cache(self.layer_id).view(shape), out_loc)
+            kv_scales = (pool.k_scales[self.layer_id], pool.v_scales[self.layer_id])
+        return fused.qk_norm_rope(qkv, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+                                  qn.weight if has_norm else None, kn.weight if has_norm else None, eps,
                                   self.rotary.cos_sin_cache, positions, kv_store, kv_scales, row_scale)
 
     def _qk(self, qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,7 +64,7 @@ class DecoderLayer(BaseOP):
         sum that ``forward`` leaves split into (output, residual)."""
         h = x if residual is None else residual.add_(x)
         attn, mlp = self.self_attn, self.mlp
-        o = attn.attn.forward_from_hidden(h, attn.qkv_proj, self.input_layernorm.eps)
+        o = attn.attn.forward(attn.qkv_proj.forward(h), row_scale=(h, self.input_layernorm.eps))
         h = attn.o_proj.forward_add(o, h)
         act = silu_and_mul(mlp.gate_up_proj.forward(h), row_scale=(h, self.post_attention_layernorm.eps))
         return mlp.down_proj.forward_add(act, h)
