@@ -55,6 +55,9 @@ class SamplingParams:
     # free text until a trigger, then a tagged structure (JSON text: xgrammar's structural tag, or the older
     # {"structures": [{"begin", "schema", "end"}], "triggers": [...]} that vLLM and SGLang also take)
     structural_tag: str | None = None
+    # a JSON schema's output may hold free whitespace between its tokens (vLLM's structured_outputs
+    # disable_any_whitespace: false); by default it holds none (sampling/grammar.py says why)
+    json_any_whitespace: bool = False
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before the output has this many tokens (vLLM's)
 
     def __post_init__(self) -> None:

@@ -12,7 +12,8 @@ scheduler does). The rows are filled by xgrammar's batch matcher (threads, no Py
 buffer kept from step to step (page-locked for a GPU: no allocation and no staging copy per step).
 
 JSON is generated without free whitespace (xgrammar's ``any_whitespace=False``): a small model given the freedom
-can emit newlines until ``max_tokens`` runs out (vLLM and SGLang allow any whitespace by default).
+can emit newlines until ``max_tokens`` runs out (vLLM and SGLang allow any whitespace by default). A request may
+allow it (``SamplingParams.json_any_whitespace``, vLLM's ``disable_any_whitespace: false``).
 """
 
 from __future__ import annotations
@@ -130,13 +131,13 @@ class GrammarBackend:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
             return self._compiler
 
-    def add(self, uid: int, kind: str, source: str) -> None:
+    def add(self, uid: int, kind: str, source: str, json_any_whitespace: bool = False) -> None:
         """A matcher for request ``uid``: ``kind`` is json_schema, regex, ebnf or structural_tag
-        (``SamplingParams.grammar``)."""
+        (``SamplingParams.grammar``); ``json_any_whitespace``: a JSON schema's output may hold free whitespace."""
         compiler = self._get_compiler()
         try:
             if kind == "json_schema":
-                compiled = compiler.compile_json_schema(source, any_whitespace=False)
+                compiled = compiler.compile_json_schema(source, any_whitespace=json_any_whitespace)
             elif kind == "regex":
                 compiled = compiler.compile_regex(source)
             elif kind == "structural_tag":

@@ -172,7 +172,7 @@ class Scheduler(SchedulerIOMixin):
             try:
                 grammar = msg.sampling_params.grammar
                 if grammar is not None:
-                    self.grammar.add(msg.uid, *grammar)
+                    self.grammar.add(msg.uid, *grammar, msg.sampling_params.json_any_whitespace)
             except ValueError as e:  # GrammarError (it cannot compile), or more than one grammar asked
                 error = str(e)
         if error is not None:

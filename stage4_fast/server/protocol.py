@@ -385,8 +385,6 @@ class StructuredOutputs(_Strict):
 
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = {
         "whitespace_pattern": _NI((), "a pattern for JSON's whitespace"),
-        # JSON is generated without free whitespace here (sampling/grammar.py), which is what true asks for
-        "disable_any_whitespace": _NI((True,), "free whitespace in JSON"),
     }
     json_: Dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema (an object, or JSON "
                                                                              "text)")
@@ -396,6 +394,9 @@ class StructuredOutputs(_Strict):
     json_object: bool | None = Field(None, description="true: any JSON object")
     structural_tag: str | None = Field(None, description="a structural tag (JSON text: xgrammar's format, or "
                                                          "{structures: [{begin, schema, end}], triggers})")
+    disable_any_whitespace: bool | None = Field(None, description="false: JSON output may hold free whitespace "
+                                                                  "between its tokens (vLLM's default); true or "
+                                                                  "null: it holds none (this server's default)")
 
     @model_validator(mode="after")
     def _check_one(self) -> StructuredOutputs:
@@ -487,9 +488,9 @@ class SamplingFields(_Strict):
     def logit_bias_list(self) -> List[Tuple[int, float]]:
         return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
 
-    def grammar(self) -> Dict[str, str]:
+    def grammar(self) -> Dict[str, Any]:
         """The structured output asked for, as ``SamplingParams``' field (json_schema, regex, ebnf or structural_tag)
-        -> source; empty for free text."""
+        -> source, with json_any_whitespace where a JSON output may hold free whitespace; empty for free text."""
         fmt, outputs = self.response_format, self.structured_outputs
         if isinstance(fmt, JSONSchemaResponseFormat):
             return {"json_schema": json.dumps(fmt.json_schema.schema_)}
@@ -498,7 +499,9 @@ class SamplingFields(_Strict):
         if isinstance(fmt, StructuralTagResponseFormat):
             return {"structural_tag": fmt.source()}
         if outputs is not None:
-            return dict([outputs.grammar_source()])
+            kind, source = outputs.grammar_source()
+            free_whitespace = kind == "json_schema" and outputs.disable_any_whitespace is False
+            return {kind: source, **({"json_any_whitespace": True} if free_whitespace else {})}
         return {kind: source for kind, source in (("json_schema", self.json_schema), ("regex", self.regex),
                                                   ("ebnf", self.ebnf)) if source is not None}
 

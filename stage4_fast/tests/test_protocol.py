@@ -118,6 +118,13 @@ def test_min_tokens_goes_with_stop_tokens_and_strings(model, base):
     ({"structured_outputs": {"regex": "[0-9]+"}}, {"regex": "[0-9]+"}),
     ({"structured_outputs": {"grammar": 'root ::= "a"'}}, {"ebnf": 'root ::= "a"'}),
     ({"structured_outputs": {"json_object": True}}, {"json_schema": '{"type": "object"}'}),
+    # vLLM's disable_any_whitespace: false lets JSON hold free whitespace; true is this server's default; it is
+    # about JSON only
+    ({"structured_outputs": {"json_object": True, "disable_any_whitespace": False}},
+     {"json_schema": '{"type": "object"}', "json_any_whitespace": True}),
+    ({"structured_outputs": {"json": {"type": "object"}, "disable_any_whitespace": True}},
+     {"json_schema": '{"type": "object"}'}),
+    ({"structured_outputs": {"regex": "a", "disable_any_whitespace": False}}, {"regex": "a"}),
     ({"structured_outputs": {"choice": ["yes", 'a "b"\\c\n']}}, {"ebnf": 'root ::= "yes" | "a \\"b\\"\\\\c\\n"'}),
     ({"structured_outputs": {"structural_tag": '{"structures": [], "triggers": []}'}},
      {"structural_tag": '{"structures": [], "triggers": []}'}),

@@ -345,6 +345,36 @@ def test_an_offline_llm_takes_a_regex_or_a_grammar_and_refuses_both(tiny_dir):
     assert "only one of json_schema, regex, ebnf and structural_tag" in both["error"], both
 
 
+def test_json_holds_free_whitespace_only_where_a_request_allows_it(smollm2_dir, tiny_dir):
+    """A JSON schema's output holds no whitespace between its tokens unless the request allows it
+    (``SamplingParams.json_any_whitespace``, vLLM's disable_any_whitespace: false), and the scheduler compiles each
+    request's grammar as its params say."""
+    pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from stage4_fast.llm import LLM
+    from stage4_fast.sampling import GrammarBackend
+
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    backend = GrammarBackend(AutoTokenizer.from_pretrained(smollm2_dir), 49152)
+    for uid, free in enumerate((False, True)):
+        backend.add(uid, "json_schema", schema, free)
+        assert backend.matchers[uid].accept_string('{\n  "a" : 1 }') == free
+        backend.add(uid, "json_schema", schema, free)
+        assert backend.matchers[uid].accept_string('{"a": 1}')  # the one spacing JSON holds without free whitespace
+    llm = LLM(str(tiny_dir), dtype=torch.float32, num_page_override=256)
+    added = []
+    grammar = llm.grammar
+    add = grammar.add
+    grammar.add = lambda uid, kind, source, free=False: (added.append((kind, free)), add(uid, kind, source, free))[1]
+    try:
+        llm.generate([[5, 6, 7]] * 2, [SamplingParams(max_tokens=3, json_schema=schema, json_any_whitespace=free)
+                                       for free in (False, True)], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert added == [("json_schema", False), ("json_schema", True)]
+
+
 def test_a_structural_tag_in_either_form_leaves_text_free_until_a_trigger(smollm2_dir):
     """vLLM's and SGLang's structural tag: free text until a trigger, then the tagged structure (JSON held to its
     schema) and its end. xgrammar's own form and the older {structures, triggers} both compile to it."""

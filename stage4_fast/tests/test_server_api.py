@@ -158,6 +158,24 @@ def test_a_regex_or_a_choice_holds_every_sample_of_a_random_model(client, tiny_d
         assert choice.finish_reason == "stop" and holds(choice.message.content), choice.message.content
 
 
+def test_json_holds_free_whitespace_only_when_a_request_allows_it(client, tiny_dir):
+    """vLLM's structured_outputs.disable_any_whitespace: false lets the JSON hold newlines (a logit bias pushes the
+    random model to them); true, or nothing, keeps them out (this server's default)."""
+    pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    [brace], [newline] = (tokenizer.encode(text, add_special_tokens=False) for text in ("{", "\n"))
+    texts = {}
+    for disable in (None, True, False):  # "{" first, then a newline wherever the grammar lets one in
+        r = client.chat.completions.create(
+            model=str(tiny_dir), messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0,
+            logit_bias={str(brace): 100, str(newline): 50},
+            extra_body={"structured_outputs": {"json_object": True, "disable_any_whitespace": disable}})
+        texts[disable] = r.choices[0].message.content
+    assert "\n" not in texts[None] + texts[True] and "\n" in texts[False], texts
+
+
 def test_a_structural_tag_response_format_holds_what_follows_a_trigger(client, tiny_dir):
     """SGLang's and vLLM's response_format structural_tag: free text until a trigger, then the structure's begin,
     JSON held to its schema and its end. The random model is pushed to the trigger by a logit bias."""
