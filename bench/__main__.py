@@ -11,7 +11,6 @@ commands:
   decode-shapes  a decode-attention launch's cost as its batch's sequences grow and spread (GPU)
   gemv-sweep     the one-token Triton GEMV against cuBLAS at the model's linear shapes (GPU)
   gemm-sweep     decode-batch GEMMs: cuBLAS, cuBLASLt and a split-K Triton GEMM at the model's shapes (GPU)
-  gate-up-sweep  the gate_up GEMM + SiLU-and-mul kernel against the one kernel doing both (GPU)
   cublaslt-sweep every cuBLASLt heuristic algorithm for the decode-batch GEMMs against F.linear's pick (GPU)
   layer-chain    a decode layer's kernels in a graph: what L2 weight prefetch and dependent launch save (GPU)
   gemm-waits     which cuBLAS GEMM kernels wait for the kernel before them (could edges into them be early?) (GPU)
@@ -37,7 +36,6 @@ import sys
 COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker", "ab": "ab",
             "breakdown": "gpu_breakdown", "decode-sweep": "gpu_decode_sweep", "decode-shapes": "gpu_decode_shapes",
             "gemv-sweep": "gpu_gemv_sweep", "gemm-sweep": "gpu_gemm_sweep",
-            "gate-up-sweep": "gpu_gate_up_sweep",
             "cublaslt-sweep": "gpu_cublaslt_sweep", "layer-chain": "gpu_layer_chain",
             "gemm-waits": "gpu_gemm_waits",
             "launch-cost": "gpu_launch_cost", "microbatch": "gpu_microbatch",

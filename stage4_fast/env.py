@@ -47,8 +47,6 @@ class _Env:
     DISABLE_FUSED_KV_STORE = EnvVar("DISABLE_FUSED_KV_STORE", False, _parse_bool)
     # the decoder's RMSNorms deferred into the kernels after their projections (models/decoder.py), off for A/B runs
     DISABLE_DEFERRED_NORMS = EnvVar("DISABLE_DEFERRED_NORMS", False, _parse_bool)
-    # a decode batch's gate_up GEMM with the deferred norm and SiLU-and-mul in its epilogue (kernel/triton_gate_up.py)
-    DISABLE_GATE_UP_GEMM = EnvVar("DISABLE_GATE_UP_GEMM", False, _parse_bool)
     # the scheduler's dummy prefill of max_extend_tokens at start-up on a GPU (Engine.warm_up_prefill), off for A/B
     DISABLE_PREFILL_WARM_UP = EnvVar("DISABLE_PREFILL_WARM_UP", False, _parse_bool)
     # greedy sampling's Triton argmax over 16-bit GPU logits (kernel/triton_argmax.py), off for A/B measurements

@@ -107,8 +107,7 @@ run_tests() {
   make_models || { echo "model preparation failed"; return 1; }
   # the GPU subset, as noxfile.py's GPU_TESTS
   maybe_timeout "${TESTS_TIMEOUT:-}" python3 -m pytest stage4_fast/tests/test_gpu.py \
-    stage4_fast/tests/test_fused_kernels.py stage4_fast/tests/test_gate_up_kernel.py \
-    -v -rs -s -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
+    stage4_fast/tests/test_fused_kernels.py -v -rs -s -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
     --junitxml="$results_dir/gpu_tests.xml" 2>&1 | tee "$results_dir/gpu_tests.txt"
   return "${PIPESTATUS[0]}"
 }

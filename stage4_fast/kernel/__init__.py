@@ -57,18 +57,6 @@ def fused_kernels_for(x: torch.Tensor):
     return triton_fused
 
 
-def gate_up_kernel_for(hidden: torch.Tensor, weight: torch.Tensor):
-    """The Triton gate_up projection with the deferred norm and SiLU-and-mul in its epilogue (``triton_gate_up``)
-    when it applies to a deferred-norm layer's residual rows ``hidden``: bf16/fp16 CUDA rows, a decode-sized batch,
-    shapes it takes, not switched off by MINISGL_DISABLE_GATE_UP_GEMM. Else None: the caller runs the GEMM and the
-    SiLU-and-mul kernel."""
-    if not (hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16)) or ENV.DISABLE_GATE_UP_GEMM.value:
-        return None
-    from . import triton_gate_up
-
-    return triton_gate_up if triton_gate_up.applies(hidden, weight) else None
-
-
 def gemv_kernel_for(x: torch.Tensor):
     """The Triton GEMV (``triton_gemv``) when it applies to the activation ``x`` of a linear layer: one row, a CUDA
     tensor in bf16/fp16, not switched off by MINISGL_DISABLE_GEMV. Else None: callers use F.linear."""
@@ -94,6 +82,6 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
-    "fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax", "gate_up_kernel_for",
+    "fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax",
     "indexing", "load_cuda_kernels", "store_cache",
 ]

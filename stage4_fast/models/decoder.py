@@ -23,7 +23,7 @@ import torch
 
 from ..core import get_global_ctx
 from ..env import ENV
-from ..kernel import fused_kernels_for, gate_up_kernel_for
+from ..kernel import fused_kernels_for
 from ..layers import BaseOP, OPList, ParallelLMHead, RMSNormFused, VocabParallelEmbedding
 from ..layers.activation import silu_and_mul
 from .base import BaseLLMModel
@@ -66,11 +66,7 @@ class DecoderLayer(BaseOP):
         attn, mlp = self.self_attn, self.mlp
         o = attn.attn.forward(attn.qkv_proj.forward(h), row_scale=(h, self.input_layernorm.eps))
         h = attn.o_proj.forward_add(o, h)
-        eps, gate_up = self.post_attention_layernorm.eps, mlp.gate_up_proj.weight
-        if (kernel := gate_up_kernel_for(h, gate_up)) is not None:  # a decode batch: one kernel for both
-            act = kernel.gate_up_silu(h, gate_up, eps)
-        else:
-            act = silu_and_mul(mlp.gate_up_proj.forward(h), row_scale=(h, eps))
+        act = silu_and_mul(mlp.gate_up_proj.forward(h), row_scale=(h, self.post_attention_layernorm.eps))
         return mlp.down_proj.forward_add(act, h)
 
 
