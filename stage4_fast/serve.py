@@ -4,7 +4,7 @@ It takes `python -m stage4_fast`'s flags (upstream's CLI) and leaves every choic
 device:
 
 * GPU: our Triton attention (+ FlashAttention 4 prefill on sm90+ when installed; FlashInfer with `--attn fi`);
-  CUDA graphs for decode batches up to 256 (160 on a GPU under 80 GiB); the fused Triton MoE;
+  CUDA graphs for decode batches up to 256 (160 on a GPU with 60 GiB free or less); the fused Triton MoE;
   the JIT-built CUDA kernels for the KV store and the embedding lookup; overlap scheduling; `--tp N` over NCCL.
 * CPU: the torch reference attention and MoE, no graphs (`--cuda-graph-max-bs 16` turns the emulation on), overlap
   scheduling, `--tp N` over gloo.

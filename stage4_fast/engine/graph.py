@@ -120,13 +120,15 @@ class GraphCaptureBuffer:
 def default_graph_bs_list(
     device: torch.device, free_memory: int, cuda_graph_bs: List[int] | None, cuda_graph_max_bs: int | None
 ) -> List[int]:
-    """Explicit list if given; else [1, 2, 4] + multiples of 8 up to the max (upstream: 256 on a > 80 GiB GPU,
-    160 otherwise; none on a CPU, where an explicit max turns the emulation on). A max below 1 disables graphs."""
+    """Explicit list if given; else [1, 2, 4] + multiples of 8 up to the max: 256 (the scheduler's default
+    max_running_req) on a GPU with more than 60 GiB free, as SGLang on an 80 GB H100 or A100 (upstream keeps 256 for
+    GPUs over 80 GiB, so an H100 would run batches of 161-256 requests without a graph), 160 otherwise; none on a
+    CPU, where an explicit max turns the emulation on. A max below 1 disables graphs."""
     if cuda_graph_bs is not None:
         return sorted(set(cuda_graph_bs))
     if cuda_graph_max_bs is None:
         if is_cuda(device):
-            cuda_graph_max_bs = 256 if free_memory > 80 * (1 << 30) else 160
+            cuda_graph_max_bs = 256 if free_memory > 60 * (1 << 30) else 160
         else:
             cuda_graph_max_bs = 0
     if cuda_graph_max_bs < 1:

@@ -199,7 +199,7 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--cuda-graph-max-bs", "--graph", dest="cuda_graph_max_bs", type=_non_negative_int,
                    default=None, metavar="BS",
                    help="largest decode batch run as a CUDA graph; 0 = no graphs (default: 256 on a GPU, 160 "
-                        "under 80 GiB; none on CPU, where N > 0 emulates them)")
+                        "with 60 GiB free or less; none on CPU, where N > 0 emulates them)")
     g.add_argument("--disable-cuda-graph", "--enforce-eager", dest="cuda_graph_max_bs", action="store_const",
                    const=0, default=argparse.SUPPRESS, help="SGLang / vLLM spelling of --cuda-graph-max-bs 0")
     g.add_argument("--num-tokenizer", "--tokenizer-count", dest="num_tokenizer", type=_non_negative_int, default=0,

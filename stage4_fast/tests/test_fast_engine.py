@@ -156,6 +156,7 @@ def test_default_graph_sizes():
     assert graph_module.default_graph_bs_list(cpu, 0, [8, 2, 2], None) == [2, 8]
     sizes = graph_module.default_graph_bs_list(gpu, 100 << 30, None, None)
     assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 256 and len(sizes) == 35
+    assert graph_module.default_graph_bs_list(gpu, 78 << 30, None, None)[-1] == 256  # an empty 80 GB H100
     assert graph_module.default_graph_bs_list(gpu, 40 << 30, None, None)[-1] == 160
 
 
