@@ -82,13 +82,16 @@ class SamplingParams:
     @property
     def grammar(self) -> Tuple[str, str] | None:
         """The structured output asked for, as (kind, source), kind one of json_schema / regex / ebnf /
-        structural_tag; None: free text. More than one is a ValueError (SGLang refuses it too)."""
+        structural_tag; None: free text. More than one is a ValueError (SGLang refuses it too), and so is
+        json_any_whitespace without a json_schema (it would change nothing)."""
         kinds = (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf),
                  ("structural_tag", self.structural_tag))
         asked = [(kind, source) for kind, source in kinds if source is not None]
         if len(asked) > 1:
             raise ValueError(f"only one of json_schema, regex, ebnf and structural_tag can be set (got "
                              f"{asked[0][0]} and {asked[1][0]})")
+        if self.json_any_whitespace and [kind for kind, _ in asked] != ["json_schema"]:
+            raise ValueError("json_any_whitespace applies to a json_schema only")
         return asked[0] if asked else None
 
     @property

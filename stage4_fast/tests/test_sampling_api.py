@@ -348,7 +348,7 @@ def test_an_offline_llm_takes_a_regex_or_a_grammar_and_refuses_both(tiny_dir):
 def test_json_holds_free_whitespace_only_where_a_request_allows_it(smollm2_dir, tiny_dir):
     """A JSON schema's output holds no whitespace between its tokens unless the request allows it
     (``SamplingParams.json_any_whitespace``, vLLM's disable_any_whitespace: false), and the scheduler compiles each
-    request's grammar as its params say."""
+    request's grammar as its params say; asked without a JSON schema, it is refused (it would change nothing)."""
     pytest.importorskip("xgrammar")
     from transformers import AutoTokenizer
 
@@ -368,11 +368,13 @@ def test_json_holds_free_whitespace_only_where_a_request_allows_it(smollm2_dir, 
     add = grammar.add
     grammar.add = lambda uid, kind, source, free=False: (added.append((kind, free)), add(uid, kind, source, free))[1]
     try:
-        llm.generate([[5, 6, 7]] * 2, [SamplingParams(max_tokens=3, json_schema=schema, json_any_whitespace=free)
-                                       for free in (False, True)], use_tqdm=False)
+        params = [SamplingParams(max_tokens=3, json_schema=schema, json_any_whitespace=free) for free in (False, True)]
+        params.append(SamplingParams(max_tokens=3, regex="a", json_any_whitespace=True))  # no JSON to loosen
+        *_, regex = llm.generate([[5, 6, 7]] * 3, params, use_tqdm=False)
     finally:
         llm.shutdown()
     assert added == [("json_schema", False), ("json_schema", True)]
+    assert "json_any_whitespace applies to a json_schema only" in regex["error"], regex
 
 
 def test_a_structural_tag_in_either_form_leaves_text_free_until_a_trigger(smollm2_dir):
