@@ -182,6 +182,9 @@ def ablation_rows(results: dict) -> list[dict]:
     else:  # the KV group's bf16 pair is the same measurement (the model's dtype, the same model and workload)
         served_burst("served burst", "abl:kv:burst-offline-auto", "abl:kv:burst-served-auto")
     served_burst("served burst, fp8_e4m3 KV", "abl:kv:burst-offline-fp8_e4m3", "abl:kv:burst-served-fp8_e4m3")
+    if (step := results["jobs"].get("abl:kv:burst-served-fp8_e4m3-step16k")) is not None:
+        served_burst(f"served burst, fp8_e4m3 KV, `--max-num-batched-tokens {step['options']['max_extend_tokens']}`",
+                     "abl:kv:burst-offline-fp8_e4m3", "abl:kv:burst-served-fp8_e4m3-step16k")
     return out
 
 

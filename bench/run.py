@@ -33,6 +33,7 @@ BUSY = 0.15  # a job during which other processes used more than this share of t
 CPU_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 GPU_MODEL = ROOT / "models" / "qwen3-0.6b-shape"
 BURST_MODEL = ROOT / "models" / "qwen3-0.6b-shape-v49k"  # the same shape with the tokenizer's vocabulary
+BURST_STEP_TOKENS = 16384  # the offline LLM's prefill step on a large GPU (stage4_fast/llm/llm.py)
 
 
 @dataclass
@@ -108,6 +109,10 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             burst_parts = (("offline", "offline"), ("served", "serve_offline"))
             jobs += [Job(f"abl:kv:burst-{part}-{kv}", "stage4_fast", [task], {"kv_cache_dtype": kv}, BURST_MODEL)
                      for kv in ("auto", "fp8_e4m3") for part, task in burst_parts]
+            # the fp8 burst once more with the offline LLM's prefill step (the server's default is SGLang's and
+            # vLLM's 8,192 on this GPU): what a server tuned for throughput rather than inter-token latency gets
+            jobs.append(Job("abl:kv:burst-served-fp8_e4m3-step16k", "stage4_fast", ["serve_offline"],
+                            {"kv_cache_dtype": "fp8_e4m3", "max_extend_tokens": BURST_STEP_TOKENS}, BURST_MODEL))
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")

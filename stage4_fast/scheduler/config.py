@@ -11,11 +11,12 @@ class SchedulerConfig(EngineConfig):
     max_extend_tokens: int = 8192  # prefill tokens per step; a longer prompt is chunked across steps
     cache_type: str = "radix"  # "naive" | "radix"
     offline_mode: bool = False
-    # Right after a chunk of a long prompt, a decode step for the running requests before the next chunk, so that
-    # their tokens keep coming while the prompt goes in (a server's clients are reading them). The offline LLM
-    # turns it off: nobody reads tokens as they come, and each decode step between chunks leaves the GPU idle while
-    # the host finishes one prefill step and prepares the next (bench/gpu_notes.md, section 16). A field, not
-    # offline_mode, because tensor-parallel ranks must schedule alike and only rank 0 is the offline LLM.
+    # Right after a step that was a long prompt's chunk alone, a decode step for the running requests before the
+    # next chunk, so that their tokens keep coming while the prompt goes in (a server's clients are reading them).
+    # A step of several prompts that ends in a cut one is followed by the next prefill step, as in SGLang. The
+    # offline LLM turns it off: nobody reads tokens as they come, and each decode step between chunks leaves the
+    # GPU idle while the host finishes one prefill step and prepares the next (bench/gpu_notes.md, section 16). A
+    # field, not offline_mode, because tensor-parallel ranks must schedule alike and only rank 0 is the offline LLM.
     decode_between_chunks: bool = True
     # SGLang's --enable-mixed-chunk: the running requests take their decode step inside each prefill batch (one
     # query token each, attending to their KV in the pool; a hybrid model's linear layers continue from the carried

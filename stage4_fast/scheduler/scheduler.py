@@ -119,7 +119,7 @@ class Scheduler(SchedulerIOMixin):
         self._release_queue: Deque[Tuple[int, Req]] = deque()  # (release once this batch id completed, req)
         self._launched_id = 0  # newest launched batch
         self._done_id = 0  # newest batch whose results were processed (batches complete in launch order)
-        self._last_was_chunk = False
+        self._last_was_lone_chunk = False
         # uid -> prompt tokens the prefix cache served, from admission to the first token (reported as usage)
         self._cached_prompt: Dict[int, int] = {}
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
@@ -249,16 +249,18 @@ class Scheduler(SchedulerIOMixin):
             # fill alone falls back to the steps below)
             if (batch := self.prefill_manager.schedule_next_batch(budget)) is not None:
                 self.decode_manager.join(batch)
-        # Prefill first, as upstream, except right after a chunk when requests are decoding: then chunks and
-        # decode steps alternate, so running requests keep producing tokens while a long prompt goes in (a server;
-        # offline, chunks go in back to back: config.decode_between_chunks).
-        elif not (self._last_was_chunk and decoding and self.config.decode_between_chunks):
+        # Prefill first, as upstream and SGLang, except right after a step that was one long prompt's chunk alone
+        # while requests are decoding: then its chunks and decode steps alternate, so running requests keep
+        # producing tokens while the long prompt goes in (a server; offline, chunks go in back to back:
+        # config.decode_between_chunks). A prompt merely cut at the end of a step full of other prompts (a burst of
+        # short ones) goes on at once with the next prompts, as they would without the cut.
+        elif not (self._last_was_lone_chunk and decoding and self.config.decode_between_chunks):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
             batch = self.decode_manager.schedule_next_batch()
-        # (a chunk, when there is one, is the batch's last prefill: mixed-in decode requests come after it)
-        self._last_was_chunk = (batch is not None and batch.is_prefill
-                                and isinstance(batch.reqs[batch.num_prefill_reqs - 1], ChunkedReq))
+        # (mixed-in decode requests come after the batch's prefill requests and do not count)
+        self._last_was_lone_chunk = (batch is not None and batch.is_prefill and batch.num_prefill_reqs == 1
+                                     and isinstance(batch.reqs[0], ChunkedReq))
         if batch is not None and batch.is_prefill:
             for req in batch.reqs[: batch.num_prefill_reqs]:  # a first chunk starts where its cache match ended
                 self._cached_prompt.setdefault(req.uid, req.cached_len)

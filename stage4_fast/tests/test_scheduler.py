@@ -141,6 +141,22 @@ def test_chunked_prefill_alternates_with_decode(tiny_model):
     assert any(phase == "decode" and uids == [0] for phase, uids, _ in between)
 
 
+def test_burst_of_short_prompts_is_prefilled_back_to_back(tiny_model):
+    """A server's scheduler: prompts that each fit a step but are cut where a step full of prompts ends are not a
+    long prompt; their steps go in back to back (prefill first, as SGLang) although the first request is already
+    decoding, so a burst takes no decode step per step boundary. The outputs are those of the offline order."""
+    llm = make_llm(tiny_model("qwen3"), max_extend_tokens=8, overlap_scheduling=False, decode_between_chunks=True)
+    launched: List[Tuple[str, List[int]]] = []
+    watch_batches(llm, lambda b: launched.append((b.phase, [r.uid for r in b.reqs])))
+    prompts = [list(range(10 * i + 1, 10 * i + 6)) for i in range(5)]  # 5 x 5 tokens: cut at 8, 16 and 24
+    out = llm.generate(prompts, greedy(4), use_tqdm=False)
+    assert launched[:4] == [("prefill", [0, 1]), ("prefill", [1, 2, 3]), ("prefill", [3, 4]), ("prefill", [4])]
+    assert all(phase == "decode" for phase, _ in launched[4:])
+    offline = make_llm(tiny_model("qwen3"), max_extend_tokens=8, overlap_scheduling=False)
+    assert [o["token_ids"] for o in out] == [o["token_ids"] for o in offline.generate(prompts, greedy(4),
+                                                                                       use_tqdm=False)]
+
+
 def test_offline_chunks_go_in_back_to_back(tiny_model):
     """The offline LLM's default: nobody reads tokens as they come, so the chunks run one after another (a decode
     step between them would leave the GPU waiting on the host) and the outputs are the same."""
@@ -161,11 +177,11 @@ def test_mixed_chunks_carry_the_running_requests(tiny_model):
     model = tiny_model("qwen3")
     llm = make_llm(model, max_extend_tokens=8, overlap_scheduling=False, enable_mixed_chunk=True)
     launched: List[Tuple[str, List[int], int, int]] = []
-    after_chunk: List[bool] = []  # what the scheduler remembers of each batch: did it end a prompt's chunk?
+    after_chunk: List[bool] = []  # what the scheduler remembers of each batch: was it a long prompt's chunk alone?
 
     def record(b):
         launched.append((b.phase, [r.uid for r in b.reqs], b.decode_reqs, sum(r.extend_len for r in b.reqs)))
-        after_chunk.append(llm._last_was_chunk)
+        after_chunk.append(llm._last_was_lone_chunk)
 
     watch_batches(llm, record)
     recorder = ReplyRecorder(llm)
@@ -174,8 +190,9 @@ def test_mixed_chunks_carry_the_running_requests(tiny_model):
     chunks = [i for i, (phase, uids, _, _) in enumerate(launched) if phase == "prefill" and 1 in uids]
     assert [launched[i][1:] for i in chunks] == [([0, 1], 0, 8), ([1, 0], 1, 8), ([1, 0], 1, 8), ([1, 0], 1, 2)]
     assert all(phase == "prefill" for phase, *_ in launched[: chunks[-1] + 1])  # no decode step of its own
-    # a chunk followed by mixed-in decode requests still counts as a chunk (for when mixing cannot apply next)
-    assert [after_chunk[i] for i in chunks] == [True, True, True, False]
+    # a chunk followed by mixed-in decode requests still counts as alone (for when mixing cannot apply next); the
+    # first step, request 0's whole prompt and the chunk, does not
+    assert [after_chunk[i] for i in chunks] == [False, True, True, False]
     assert sorted(m.uid for m in recorder.msgs if m.prompt_tokens) == [0, 1]
     assert [m.prompt_tokens for m in recorder.msgs if m.prompt_tokens] == [3, 20]
     plain = make_llm(model, max_extend_tokens=8, overlap_scheduling=False)

@@ -21,6 +21,9 @@ def test_kv_ablation_rows():
         "abl:kv:burst-offline-fp8_e4m3": _job("models/v49k", offline={"workload": "w", "tok_s": 37_000.0}),
         "abl:kv:burst-served-fp8_e4m3": _job("models/v49k", serve_offline=dict(
             burst, tok_s=33_300.0, server_cpu_busy={"scheduler_0": 0.97, "api server": 0.714})),
+        "abl:kv:burst-served-fp8_e4m3-step16k": {**_job("models/v49k", serve_offline=dict(burst, tok_s=36_260.0)),
+                                                 "options": {"kv_cache_dtype": "fp8_e4m3",
+                                                             "max_extend_tokens": 16384}},
     }}
     rows = {r["name"]: r for r in ablation_rows(results)}
     assert rows["KV cache dtype"]["effect"] == "1.40×"
@@ -32,3 +35,6 @@ def test_kv_ablation_rows():
     # where the serving path saturates: each server process's CPU during the burst (absent from older results)
     assert rows["served burst, fp8_e4m3 KV"]["on"].endswith("; CPU busy: api server 71%, scheduler_0 97%")
     assert "CPU busy" not in rows["served burst"]["on"]
+    # the fp8 burst with the offline LLM's prefill step, against the same offline run
+    step = rows["served burst, fp8_e4m3 KV, `--max-num-batched-tokens 16384`"]
+    assert step["effect"] == "98% of offline" and "36,260 out tok/s" in step["on"]
