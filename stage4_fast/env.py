@@ -49,6 +49,8 @@ class _Env:
     DISABLE_DEFERRED_NORMS = EnvVar("DISABLE_DEFERRED_NORMS", False, _parse_bool)
     # the scheduler's dummy prefill of max_extend_tokens at start-up on a GPU (Engine.warm_up_prefill), off for A/B
     DISABLE_PREFILL_WARM_UP = EnvVar("DISABLE_PREFILL_WARM_UP", False, _parse_bool)
+    # the projections run at a grid of row counts at start-up on a GPU (Engine.warm_up_gemms), off for A/B runs
+    DISABLE_GEMM_WARM_UP = EnvVar("DISABLE_GEMM_WARM_UP", False, _parse_bool)
     # greedy sampling's Triton argmax over 16-bit GPU logits (kernel/triton_argmax.py), off for A/B measurements
     DISABLE_TRITON_ARGMAX = EnvVar("DISABLE_TRITON_ARGMAX", False, _parse_bool)
     # programmatic dependent launch of the Triton kernels on Hopper GPUs (kernel/pdl.py), off for A/B measurements

@@ -5,6 +5,8 @@ the layers' collectives join the ranks' partial results."""
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import Callable, NamedTuple
 
 import torch
@@ -22,6 +24,7 @@ from ..kernel.ref import is_fp8
 from ..kvcache import create_kvcache_pool, kv_cache_dtype_name, resolve_kv_cache_dtype
 from ..kvcache.state_pool import create_state_pool
 from ..layers import set_rope_device
+from ..layers.linear import warm_up_gemms
 from ..models import ModelConfig, create_model, load_weight
 from ..models.weight import KV_SCALE_NAME, kv_scale_name
 from ..moe import create_moe_backend, resolve_auto_moe_backend
@@ -55,6 +58,13 @@ class ForwardOutput(NamedTuple):
     next_tokens_cpu: torch.Tensor  # host copy; valid once copy_done_event has completed
     copy_done_event: Event
     logprobs: BatchLogprobs | None = None  # host copies, for the requests that asked (valid with the tokens)
+
+
+# the grid of row counts ``Engine.warm_up_gemms`` runs: every 16th row count (a random one after it paid 4.5 ms of
+# first calls for four projections on an H100, every 64th 7.0 ms, none 12.7 ms; bench/results/h100-gemm-first-calls.md),
+# at most 512 of them (the GEMMs' work grows with the square of the largest)
+GEMM_WARM_UP_STEP = 16
+GEMM_WARM_UP_COUNTS = 512
 
 
 class Engine:
@@ -289,6 +299,32 @@ class Engine:
             torch.cuda.empty_cache()
             logger.warning("a prefill of %d tokens ran out of GPU memory at start-up: prefill steps that long will "
                            "too (lower --max-num-batched-tokens or --mem-fraction-static)", num_tokens)
+
+    def warm_up_gemms(self, max_tokens: int, step: int = GEMM_WARM_UP_STEP) -> None:
+        """Every projection at each row count below ``step`` and every ``step`` rows up to ``max_tokens`` (at most
+        GEMM_WARM_UP_COUNTS of them: the step grows with ``max_tokens``), and the LM head at every request count a
+        prefill step can have, before the first request. cuBLAS chooses a kernel the first time it sees a GEMM's
+        shape, up to ~3 ms of host per projection, and a prefill step of a token count not seen before paid it
+        while the device waited (``layers/linear.py: warm_up_gemms``). vLLM warms fixed sizes at start-up too."""
+        step = max(step, math.ceil(max_tokens / GEMM_WARM_UP_COUNTS / step) * step)
+        rows = [*range(1, step), *range(step, max_tokens + 1, step), max_tokens]
+        start = time.perf_counter()
+        set_global_ctx(self.ctx)
+        try:
+            with torch.inference_mode(), stream_context(self.stream):
+                num_layers = warm_up_gemms(self.model, rows)
+                hidden = torch.zeros(self.config.max_running_req, self.config.model_config.hidden_size,
+                                     dtype=self.dtype, device=self.device)
+                for n in range(1, len(hidden) + 1):
+                    self.model.lm_head.warm_up_gemms(hidden[:n])
+            synchronize(self.device)
+        except torch.OutOfMemoryError:  # (no collective ran: the ranks cannot diverge) serve without it
+            torch.cuda.empty_cache()
+            logger.warning("the GEMM warm-up of %d rows ran out of GPU memory at start-up; serving without it",
+                           max_tokens)
+            return
+        logger.info("warmed %d projections at %d row counts and the LM head at 1-%d rows in %.1f s", num_layers,
+                    len(set(rows)), len(hidden), time.perf_counter() - start)
 
     def shutdown(self) -> None:
         self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)

@@ -7,7 +7,7 @@ meta tensor with the loaded one, so the weights exist exactly once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Dict, Generic, List, TypeVar
+from typing import Any, Dict, Generic, Iterator, List, TypeVar
 
 import torch
 
@@ -21,6 +21,13 @@ def _join(prefix: str, name: str) -> str:
 class BaseOP(ABC):
     @abstractmethod
     def forward(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def walk(self) -> Iterator[BaseOP]:
+        """This op and every op it owns, depth first (the public attributes, as ``state_dict``)."""
+        yield self
+        for name, value in self.__dict__.items():
+            if not name.startswith("_") and isinstance(value, BaseOP):
+                yield from value.walk()
 
     def state_dict(self, *, prefix: str = "", result: Dict[str, torch.Tensor] | None = None) -> Dict[str, torch.Tensor]:
         result = {} if result is None else result
@@ -71,6 +78,11 @@ class OPList(BaseOP, Generic[_T]):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("iterate over op_list instead")
+
+    def walk(self) -> Iterator[BaseOP]:
+        yield self
+        for op in self.op_list:
+            yield from op.walk()
 
     def state_dict(self, *, prefix: str = "", result: Dict[str, torch.Tensor] | None = None) -> Dict[str, torch.Tensor]:
         result = {} if result is None else result

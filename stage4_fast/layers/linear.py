@@ -6,7 +6,7 @@ kinds (o_proj, down_proj) split the inputs, so each rank holds a partial sum tha
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,11 @@ class _LinearTPImpl(BaseOP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """The cuBLAS calls a forward of ``x``'s rows makes through this layer (``residual``: a [rows, out]
+        buffer), without communication: see ``warm_up_gemms`` below."""
+        F.linear(x, self.weight, self.bias)
 
     def forward_after_norm(self, norm: RMSNormFused, x: torch.Tensor,
                            residual: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +106,11 @@ class LinearRowParallel(_LinearTPImpl):
         y = self._comm.all_reduce(linear(x, self.weight, None, silu_mul_input))
         return y if self.bias is None else y + self.bias
 
+    def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        super().warm_up_gemms(x, residual)
+        if self.bias is None:  # forward_add's GEMM, which reads the residual (beta = 1): another cuBLAS call
+            residual.addmm_(x, self.weight.t())
+
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + this layer's output, written over ``residual`` (returned): the add rides in the GEMM
         (C = 1 * residual + x W^T), no kernel of its own. Several ranks: rank 0's GEMM adds the residual to its
@@ -118,3 +128,28 @@ class LinearRowParallel(_LinearTPImpl):
 
 class LinearOProj(LinearRowParallel):
     """The attention output projection: row-parallel, like down_proj."""
+
+
+def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
+    """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros; the outputs are dropped).
+
+    cuBLAS chooses a kernel the first time it sees a GEMM's shape, and a new choice may load one: 0.15-3 ms of host
+    per projection at a row count the process has not run before (``bench/results/h100-gemm-first-calls.md``). A
+    prefill step's token count is a new one most of the time (a burst's first and last steps, any lone prompt),
+    and prefill steps are launched eagerly at the host's pace: ~6-10 ms more host for such a step, with the device
+    waiting. Returns the number of distinct projections."""
+    layers: Dict[tuple, _LinearTPImpl] = {}
+    for op in model.walk():
+        if isinstance(op, _LinearTPImpl):
+            w = op.weight
+            layers.setdefault((type(op), tuple(w.shape), w.stride(), w.dtype, op.bias is None), op)
+    counts = sorted(set(row_counts))
+    if not counts:
+        return 0
+    for layer in layers.values():
+        w = layer.weight
+        x = torch.zeros(counts[-1], w.shape[1], dtype=w.dtype, device=w.device)
+        residual = torch.zeros(counts[-1], w.shape[0], dtype=w.dtype, device=w.device)
+        for rows in counts:
+            layer.warm_up_gemms(x[:rows], residual[:rows])
+    return len(layers)

@@ -90,6 +90,8 @@ class Scheduler(SchedulerIOMixin):
         self.device = self.engine.device
         if is_cuda(self.device) and not ENV.DISABLE_PREFILL_WARM_UP.value:
             self.engine.warm_up_prefill(config.max_extend_tokens)  # the first long prompt pays no first launches
+        if is_cuda(self.device) and not ENV.DISABLE_GEMM_WARM_UP.value:
+            self.engine.warm_up_gemms(config.max_extend_tokens)  # nor does a step of a token count not seen before
         # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
         self.stream = create_stream(self.device)
         page_size = config.page_size

@@ -204,6 +204,46 @@ def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(q
     assert out == hf_generate(qwen3, n=8)
 
 
+def test_the_gemm_warm_up_runs_every_projection_at_each_row_count_and_changes_no_token(qwen3, monkeypatch):
+    """``Engine.warm_up_gemms`` (run at start-up on a GPU, here by hand): every distinct projection at each row
+    count of the grid (all below the step, then every step rows, and the largest), the LM head at every request
+    count up to max_running_req; the requests after it get HF's tokens."""
+    import torch.nn.functional as F
+
+    from stage4_fast.engine import engine as engine_module
+
+    from .fast_helpers import PROMPTS
+    from .helpers import greedy
+
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    plain_linear = F.linear
+
+    def recording_linear(x, weight, bias=None):
+        seen.add((x.shape[0], tuple(weight.shape)))
+        return plain_linear(x, weight, bias)
+
+    llm = make_llm(qwen3, max_running_req=8)
+    try:
+        layer = llm.engine.model.model.layers.op_list[0]
+        projections = {tuple(p.weight.shape) for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                       layer.mlp.gate_up_proj, layer.mlp.down_proj)}
+        with monkeypatch.context() as m:
+            m.setattr(F, "linear", recording_linear)
+            llm.engine.warm_up_gemms(40, step=16)
+            first = set(seen)
+            seen.clear()
+            m.setattr(engine_module, "GEMM_WARM_UP_COUNTS", 2)  # at most two steps: the step doubles to 32
+            llm.engine.warm_up_gemms(64, step=16)
+        out = [r["token_ids"] for r in llm.generate(list(PROMPTS), greedy(8), use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    rows = [*range(1, 16), 16, 32, 40]
+    assert all((r, shape) in first for r in rows for shape in projections)
+    assert {n for n, shape in first if shape not in projections} == set(range(1, 9))  # the LM head's
+    assert {n for n, shape in seen if shape in projections} == {*range(1, 32), 32, 64}
+    assert out == hf_generate(qwen3, n=8)
+
+
 def test_a_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwen3, monkeypatch, caplog):
     """A warm-up prefill that does not fit says which setting to lower, and start-up goes on: the requests after
     it get HF's tokens. Under TP it raises instead: another rank may be inside the forward's collectives."""
