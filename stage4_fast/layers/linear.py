@@ -43,9 +43,9 @@ class _LinearTPImpl(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
 
-    def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        """The cuBLAS calls a forward of ``x``'s rows makes through this layer (``residual``: a [rows, out]
-        buffer), without communication: see ``warm_up_gemms`` below."""
+    def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor | None) -> None:
+        """The cuBLAS calls a forward of ``x``'s rows makes through this layer, without communication (see
+        ``warm_up_gemms`` below); ``residual``: a [rows, out] buffer for a layer that adds into the residual."""
         F.linear(x, self.weight, self.bias)
 
     def forward_after_norm(self, norm: RMSNormFused, x: torch.Tensor,
@@ -106,9 +106,9 @@ class LinearRowParallel(_LinearTPImpl):
         y = self._comm.all_reduce(linear(x, self.weight, None, silu_mul_input))
         return y if self.bias is None else y + self.bias
 
-    def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+    def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor | None) -> None:
         super().warm_up_gemms(x, residual)
-        if self.bias is None:  # forward_add's GEMM, which reads the residual (beta = 1): another cuBLAS call
+        if self.bias is None and residual is not None:  # forward_add's GEMM, which reads the residual (beta = 1)
             residual.addmm_(x, self.weight.t())
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -133,11 +133,11 @@ class LinearOProj(LinearRowParallel):
 def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
     """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros; the outputs are dropped).
 
-    cuBLAS chooses a kernel the first time it sees a GEMM's shape, and a new choice may load one: 0.15-3 ms of host
-    per projection at a row count the process has not run before (``bench/results/h100-gemm-first-calls.md``). A
-    prefill step's token count is a new one most of the time (a burst's first and last steps, any lone prompt),
-    and prefill steps are launched eagerly at the host's pace: ~6-10 ms more host for such a step, with the device
-    waiting. Returns the number of distinct projections."""
+    cuBLAS chooses a kernel the first time it sees a GEMM's shape: 0.15-3 ms of host per projection at a row count
+    the process has not run before (``bench/results/h100-gemm-first-calls.md``). A prefill step's token count is
+    often a new one (a burst's first and last steps, a lone prompt), and prefill steps are launched eagerly at the
+    host's pace: 6-9 ms more host for such a step, with the device waiting. Returns the number of distinct
+    projections."""
     layers: Dict[tuple, _LinearTPImpl] = {}
     for op in model.walk():
         if isinstance(op, _LinearTPImpl):
@@ -149,7 +149,8 @@ def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
     for layer in layers.values():
         w = layer.weight
         x = torch.zeros(counts[-1], w.shape[1], dtype=w.dtype, device=w.device)
-        residual = torch.zeros(counts[-1], w.shape[0], dtype=w.dtype, device=w.device)
+        residual = (torch.zeros(counts[-1], w.shape[0], dtype=w.dtype, device=w.device)
+                    if isinstance(layer, LinearRowParallel) else None)
         for rows in counts:
-            layer.warm_up_gemms(x[:rows], residual[:rows])
+            layer.warm_up_gemms(x[:rows], None if residual is None else residual[:rows])
     return len(layers)

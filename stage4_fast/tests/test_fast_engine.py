@@ -216,19 +216,26 @@ def test_the_gemm_warm_up_runs_every_projection_at_each_row_count_and_changes_no
     from .helpers import greedy
 
     seen: set[tuple[int, tuple[int, ...]]] = set()
-    plain_linear = F.linear
+    added: set[tuple[int, tuple[int, ...]]] = set()  # the o and down GEMMs that add into the residual
+    plain_linear, plain_addmm_ = F.linear, torch.Tensor.addmm_
 
     def recording_linear(x, weight, bias=None):
         seen.add((x.shape[0], tuple(weight.shape)))
         return plain_linear(x, weight, bias)
+
+    def recording_addmm_(residual, x, weight_t):
+        added.add((x.shape[0], tuple(weight_t.t().shape)))
+        return plain_addmm_(residual, x, weight_t)
 
     llm = make_llm(qwen3, max_running_req=8)
     try:
         layer = llm.engine.model.model.layers.op_list[0]
         projections = {tuple(p.weight.shape) for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                        layer.mlp.gate_up_proj, layer.mlp.down_proj)}
+        row_parallel = {tuple(p.weight.shape) for p in (layer.self_attn.o_proj, layer.mlp.down_proj)}
         with monkeypatch.context() as m:
             m.setattr(F, "linear", recording_linear)
+            m.setattr(torch.Tensor, "addmm_", recording_addmm_)
             llm.engine.warm_up_gemms(40, step=16)
             first = set(seen)
             seen.clear()
@@ -239,6 +246,7 @@ def test_the_gemm_warm_up_runs_every_projection_at_each_row_count_and_changes_no
         llm.shutdown()
     rows = [*range(1, 16), 16, 32, 40]
     assert all((r, shape) in first for r in rows for shape in projections)
+    assert all((r, shape) in added for r in rows for shape in row_parallel)
     assert {n for n, shape in first if shape not in projections} == set(range(1, 9))  # the LM head's
     assert {n for n, shape in seen if shape in projections} == {*range(1, 32), 32, 64}
     assert out == hf_generate(qwen3, n=8)
