@@ -303,9 +303,10 @@ class Engine:
     def warm_up_gemms(self, max_tokens: int, step: int = GEMM_WARM_UP_STEP) -> None:
         """Every projection at each row count below ``step`` and every ``step`` rows up to ``max_tokens`` (at most
         GEMM_WARM_UP_COUNTS of them: the step grows with ``max_tokens``), and the LM head at every request count a
-        prefill step can have, before the first request. cuBLAS chooses a kernel the first time it sees a GEMM's
-        shape, up to ~3 ms of host per projection, and a prefill step of a token count not seen before paid it
-        while the device waited (``layers/linear.py: warm_up_gemms``). vLLM warms fixed sizes at start-up too."""
+        prefill step can have (up to GEMM_WARM_UP_COUNTS), before the first request. cuBLAS chooses a kernel the
+        first time it sees a GEMM's shape, up to ~3 ms of host per projection, and a prefill step of a token count
+        not seen before paid it while the device waited (``layers/linear.py: warm_up_gemms``). vLLM warms fixed
+        sizes at start-up too."""
         step = max(step, math.ceil(max_tokens / GEMM_WARM_UP_COUNTS / step) * step)
         rows = [*range(1, step), *range(step, max_tokens + 1, step), max_tokens]
         start = time.perf_counter()
@@ -313,8 +314,10 @@ class Engine:
         try:
             with torch.inference_mode(), stream_context(self.stream):
                 num_layers = warm_up_gemms(self.model, rows)
-                hidden = torch.zeros(self.config.max_running_req, self.config.model_config.hidden_size,
-                                     dtype=self.dtype, device=self.device)
+                # (a prefill step has at most max_running_req requests, each at least one token)
+                max_reqs = min(self.config.max_running_req, max_tokens, GEMM_WARM_UP_COUNTS)
+                hidden = torch.zeros(max_reqs, self.config.model_config.hidden_size, dtype=self.dtype,
+                                     device=self.device)
                 for n in range(1, len(hidden) + 1):
                     self.model.lm_head.warm_up_gemms(hidden[:n])
             synchronize(self.device)

@@ -252,6 +252,28 @@ def test_the_gemm_warm_up_runs_every_projection_at_each_row_count_and_changes_no
     assert out == hf_generate(qwen3, n=8)
 
 
+def test_a_gemm_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwen3, monkeypatch, caplog):
+    """A GEMM warm-up that does not fit is skipped with a warning (it runs no collective, so under TP too)."""
+    from stage4_fast.engine import engine as engine_module
+
+    from .fast_helpers import PROMPTS
+    from .helpers import greedy
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    llm = make_llm(qwen3, max_running_req=8)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(engine_module, "warm_up_gemms", out_of_memory)
+            llm.engine.warm_up_gemms(64)
+        assert "GEMM warm-up of 64 rows ran out of GPU memory" in caplog.text
+        out = [r["token_ids"] for r in llm.generate(list(PROMPTS), greedy(8), use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    assert out == hf_generate(qwen3, n=8)
+
+
 def test_a_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwen3, monkeypatch, caplog):
     """A warm-up prefill that does not fit says which setting to lower, and start-up goes on: the requests after
     it get HF's tokens. Under TP it raises instead: another rank may be inside the forward's collectives."""
