@@ -51,6 +51,8 @@ class _Env:
     DISABLE_PREFILL_WARM_UP = EnvVar("DISABLE_PREFILL_WARM_UP", False, _parse_bool)
     # the projections run at a grid of row counts at start-up on a GPU (Engine.warm_up_gemms), off for A/B runs
     DISABLE_GEMM_WARM_UP = EnvVar("DISABLE_GEMM_WARM_UP", False, _parse_bool)
+    # a file the scheduler appends a JSON line per loop to (scheduler/step_log.py); unset: nothing is logged
+    STEP_LOG = EnvVar("STEP_LOG", "", str)
     # greedy sampling's Triton argmax over 16-bit GPU logits (kernel/triton_argmax.py), off for A/B measurements
     DISABLE_TRITON_ARGMAX = EnvVar("DISABLE_TRITON_ARGMAX", False, _parse_bool)
     # programmatic dependent launch of the Triton kernels on Hopper GPUs (kernel/pdl.py), off for A/B measurements

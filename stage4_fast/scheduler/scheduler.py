@@ -56,6 +56,7 @@ from .config import SchedulerConfig
 from .decode import DecodeManager
 from .io import SchedulerIOMixin
 from .prefill import ChunkedReq, PrefillManager, estimated_kv_tokens
+from .step_log import StepLog
 from .stream_interval import StreamInterval
 from .table import TableManager
 from .utils import run_indices
@@ -126,6 +127,8 @@ class Scheduler(SchedulerIOMixin):
         self._cached_prompt: Dict[int, int] = {}
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
         self.stream_out = StreamInterval(config.stream_interval)  # which of a step's tokens leave now
+        log_path = ENV.STEP_LOG.value  # a line per loop, for finding where the time goes (scheduler/step_log.py)
+        self.step_log = StepLog(log_path) if log_path and config.tp_info.rank == 0 else None
         super().__init__(config, self.engine.tp_cpu_group)
 
     # -- messages --------------------------------------------------------------------------------------------
@@ -314,7 +317,10 @@ class Scheduler(SchedulerIOMixin):
         if last_data is None:
             return
         fwd_input, fwd_output, length_finished, batch_id = last_data
-        fwd_output.copy_done_event.synchronize()
+        if self.step_log is None:
+            fwd_output.copy_done_event.synchronize()
+        else:
+            self.step_log.wait_for(fwd_output.copy_done_event)
         batch = fwd_input.batch
         tokens_cpu = fwd_output.next_tokens_cpu
         logprob_args, logprobs = fwd_input.sample_args.logprobs, fwd_output.logprobs
@@ -423,9 +429,18 @@ class Scheduler(SchedulerIOMixin):
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
         """One step: launch batch N+1, then process batch N (`last_data`). Returns N+1."""
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
-        for msg in self.receive_msg(blocking=blocking):
+        if (log := self.step_log) is not None:
+            if blocking:
+                log.flush()  # idle: the file work waits for no step
+            log.begin()
+        msgs = self.receive_msg(blocking=blocking)
+        for msg in msgs:
             self._process_one_msg(msg)
+        if log is not None:
+            log.mark()
         fwd_input = self._schedule_next_batch()
+        if log is not None:
+            log.mark()
         ongoing_data = None
         if fwd_input is not None:
             # a grammar's mask for batch N+1 needs batch N's tokens: N is processed while N+1's forward runs
@@ -437,7 +452,14 @@ class Scheduler(SchedulerIOMixin):
                 last_data = None
         elif last_data is None and self.prefill_manager.runnable:
             self._reject_stuck_head()
+        if log is not None:
+            log.mark()
         self._process_last_data(last_data)
+        if log is not None:
+            batch = None if fwd_input is None else fwd_input.batch
+            log.end(None if batch is None else "prefill" if batch.is_prefill else "decode",
+                    0 if batch is None else batch.size, 0 if fwd_input is None else fwd_input.input_tuple[0].numel(),
+                    len(msgs), len(self.prefill_manager.pending_list), len(self.decode_manager.running_reqs))
         return ongoing_data
 
     def normal_loop(self) -> None:
@@ -495,6 +517,8 @@ class Scheduler(SchedulerIOMixin):
         self.cache_manager.check_integrity(deep=ENV.CHECK_CACHE_DEEP.value)
 
     def shutdown(self) -> None:
+        if self.step_log is not None:
+            self.step_log.flush()
         synchronize(self.device)
         self.sync_all_ranks()
         self.stop_io()

@@ -157,6 +157,35 @@ def test_burst_of_short_prompts_is_prefilled_back_to_back(tiny_model):
                                                                                        use_tqdm=False)]
 
 
+def test_the_step_log_has_a_line_per_loop_with_its_batch(tiny_model, tmp_path, monkeypatch):
+    """MINISGL_STEP_LOG (scheduler/step_log.py): when the scheduler goes idle, a JSON line per loop of the overlap
+    loop, with the batch it launched (kind, requests, input tokens), the host's time by part and its wait for the
+    device; the outputs are those of a run without it."""
+    import json
+
+    prompts = [list(range(10 * i + 1, 10 * i + 6)) for i in range(3)]  # 3 x 5 tokens: prefill steps of 8 and 7
+    plain = make_llm(tiny_model("qwen3"), max_extend_tokens=8)
+    expected = [o["token_ids"] for o in plain.generate(prompts, greedy(3), use_tqdm=False)]
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_LOG", str(path))
+    llm = make_llm(tiny_model("qwen3"), max_extend_tokens=8)
+    launched: List[Tuple[str, int]] = []
+    watch_batches(llm, lambda b: launched.append((b.phase, b.size)))
+    assert [o["token_ids"] for o in llm.generate(prompts, greedy(3), use_tqdm=False)] == expected
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["batch"], r["reqs"]) for r in rows if r["batch"]] == launched
+    assert [(r["batch"], r["reqs"], r["tokens"]) for r in rows[:2]] == [("prefill", 2, 8), ("prefill", 2, 7)]
+    assert all(r["tokens"] == r["reqs"] for r in rows if r["batch"] == "decode")
+    assert rows[-1]["batch"] is None and rows[-1]["running"] == 0  # the loop that processed the last batch
+    times = [r["t"] for r in rows]
+    assert times == sorted(times)
+    parts = ("receive_ms", "schedule_ms", "launch_ms", "process_ms", "wait_ms")
+    assert all(r[k] >= 0 for r in rows for k in parts)
+    assert all(r["wait_ms"] <= r["process_ms"] for r in rows)  # the wait is part of processing the results
+    llm.generate(prompts[:1], greedy(2), use_tqdm=False)  # a second call appends its own lines
+    assert len(path.read_text().splitlines()) > len(rows)
+
+
 def test_offline_chunks_go_in_back_to_back(tiny_model):
     """The offline LLM's default: nobody reads tokens as they come, so the chunks run one after another (a decode
     step between them would leave the GPU waiting on the host) and the outputs are the same."""

@@ -1,0 +1,62 @@
+"""A line per scheduler loop, for finding where a run's time goes: ``MINISGL_STEP_LOG=FILE`` (rank 0 of the
+overlap loop, the default one).
+
+Each line is a JSON object: when the loop began (``time.perf_counter``, one clock for every process of a machine, so
+it lines up with a benchmark client's), the batch it launched (``"prefill"``, ``"decode"`` or null; its requests and
+input tokens), the host's milliseconds in each part of the loop (receiving messages, which includes waiting for one
+when idle; scheduling and preparing the batch; launching its forward; processing the previous batch's results) and,
+inside the last part, how long it waited for the device to finish that batch; then the queues. A loop that never
+waits for the device is one where the host sets the pace (``bench/results/h100-gemm-first-calls.md``, section 1).
+
+The lines are kept in memory and written when the scheduler goes idle and when it shuts down: no file work between
+steps, and nothing at all when the variable is unset.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Protocol
+
+
+class _Event(Protocol):
+    def synchronize(self) -> None: ...
+
+
+@dataclass
+class StepLog:
+    path: str
+    _rows: List[Dict[str, Any]] = field(default_factory=list)
+    _marks: List[float] = field(default_factory=list)
+    _wait_s: float = 0.0
+
+    def begin(self) -> None:
+        self._marks = [time.perf_counter()]
+        self._wait_s = 0.0
+
+    def mark(self) -> None:
+        """The end of one part of the loop (receive, schedule, launch)."""
+        self._marks.append(time.perf_counter())
+
+    def wait_for(self, event: _Event) -> None:
+        """``event.synchronize()``, timed: the host waiting for the device."""
+        start = time.perf_counter()
+        event.synchronize()
+        self._wait_s += time.perf_counter() - start
+
+    def end(self, kind: str | None, reqs: int, tokens: int, msgs: int, pending: int, running: int) -> None:
+        t = [*self._marks, time.perf_counter()]
+        receive, schedule, launch, process = (1e3 * (b - a) for a, b in zip(t, t[1:]))
+        self._rows.append({
+            "t": t[0], "batch": kind, "reqs": reqs, "tokens": tokens, "msgs": msgs,
+            "receive_ms": receive, "schedule_ms": schedule, "launch_ms": launch, "process_ms": process,
+            "wait_ms": 1e3 * self._wait_s, "pending": pending, "running": running,
+        })
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        with open(self.path, "a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in self._rows)
+        self._rows.clear()
