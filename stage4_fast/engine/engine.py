@@ -310,7 +310,6 @@ class Engine:
         step = max(step, math.ceil(max_tokens / GEMM_WARM_UP_COUNTS / step) * step)
         rows = [*range(1, step), *range(step, max_tokens + 1, step), max_tokens]
         start = time.perf_counter()
-        set_global_ctx(self.ctx)
         try:
             with torch.inference_mode(), stream_context(self.stream):
                 num_layers = warm_up_gemms(self.model, rows)

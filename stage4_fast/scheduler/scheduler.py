@@ -129,6 +129,8 @@ class Scheduler(SchedulerIOMixin):
         self.stream_out = StreamInterval(config.stream_interval)  # which of a step's tokens leave now
         log_path = ENV.STEP_LOG.value  # a line per loop, for finding where the time goes (scheduler/step_log.py)
         self.step_log = StepLog(log_path) if log_path and config.tp_info.rank == 0 else None
+        if self.step_log is not None and not self.overlap_scheduling:
+            logger.warning("MINISGL_STEP_LOG logs the overlap loop only; with overlap scheduling off it stays empty")
         super().__init__(config, self.engine.tp_cpu_group)
 
     # -- messages --------------------------------------------------------------------------------------------

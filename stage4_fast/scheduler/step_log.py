@@ -8,8 +8,9 @@ when idle; scheduling and preparing the batch; launching its forward; processing
 inside the last part, how long it waited for the device to finish that batch; then the queues. A loop that never
 waits for the device is one where the host sets the pace (``bench/results/h100-gemm-first-calls.md``, section 1).
 
-The lines are kept in memory and written when the scheduler goes idle and when it shuts down: no file work between
-steps, and nothing at all when the variable is unset.
+The lines are kept in memory and written when the scheduler goes idle, when it shuts down, and every MAX_ROWS loops
+of a scheduler that never goes idle (a file write between two steps then, every 10-20 s at a GPU's step rate, instead of
+memory that grows with the server's uptime); nothing at all when the variable is unset.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any, Dict, List, Protocol
 
 class _Event(Protocol):
     def synchronize(self) -> None: ...
+
+
+MAX_ROWS = 4096
 
 
 @dataclass
@@ -53,6 +57,8 @@ class StepLog:
             "receive_ms": receive, "schedule_ms": schedule, "launch_ms": launch, "process_ms": process,
             "wait_ms": 1e3 * self._wait_s, "pending": pending, "running": running,
         })
+        if len(self._rows) >= MAX_ROWS:
+            self.flush()
 
     def flush(self) -> None:
         if not self._rows:

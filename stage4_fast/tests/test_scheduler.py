@@ -186,6 +186,26 @@ def test_the_step_log_has_a_line_per_loop_with_its_batch(tiny_model, tmp_path, m
     assert len(path.read_text().splitlines()) > len(rows)
 
 
+def test_the_step_log_writes_a_busy_schedulers_lines_every_max_rows_and_says_when_it_cannot_log(
+        tiny_model, tmp_path, monkeypatch, caplog):
+    """A scheduler that never goes idle still writes its lines, MAX_ROWS at a time (its memory stays bounded); one
+    running the normal loop (overlap scheduling off) says that nothing will be logged."""
+    from stage4_fast.scheduler import step_log
+
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setattr(step_log, "MAX_ROWS", 3)
+    log = step_log.StepLog(str(path))
+    for _ in range(7):
+        log.begin()
+        for _ in range(3):
+            log.mark()
+        log.end("decode", 1, 1, 0, 0, 1)
+    assert len(path.read_text().splitlines()) == 6  # two writes of 3; the 7th line waits for the next
+    monkeypatch.setenv("MINISGL_STEP_LOG", str(path))
+    make_llm(tiny_model("qwen3"), overlap_scheduling=False)
+    assert "logs the overlap loop only" in caplog.text
+
+
 def test_offline_chunks_go_in_back_to_back(tiny_model):
     """The offline LLM's default: nobody reads tokens as they come, so the chunks run one after another (a decode
     step between them would leave the GPU waiting on the host) and the outputs are the same."""
