@@ -105,7 +105,8 @@ def task_offline(adapter, w: Workload) -> dict:
     wall = time.perf_counter() - t0
     return {"workload": w.note, "requests": len(w.prompts), "prompt_tokens": w.prompt_tokens,
             "output_tokens": w.output_tokens, "seconds": wall, "tok_s": w.output_tokens / wall,
-            "finish_s": res.finish_s, "wrong_lengths": _check_lengths(res, w)}
+            "finish_s": res.finish_s, "wrong_lengths": _check_lengths(res, w),
+            "clock_s": [t0, t0 + wall]}  # perf_counter: aligns with the scheduler's MINISGL_STEP_LOG lines
 
 
 def task_offline_warm(adapter, w: Workload, calls: int = 3) -> dict:
@@ -215,7 +216,7 @@ async def _stream_all(url: str, w: Workload, concurrency: int,
 
 async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
     results, t0, t1 = await _stream_all(url, w, concurrency, http_client)
-    return {"concurrency": concurrency, **_summary(results, t1 - t0)}
+    return {"concurrency": concurrency, "clock_s": [t0, t1], **_summary(results, t1 - t0)}
 
 
 def _client_process(url: str, w: Workload, start: Any, out: Any, http_client: str) -> None:
@@ -247,8 +248,9 @@ def _run_burst(url: str, w: Workload, processes: int, http_client: str = DEFAULT
     for proc in procs:
         proc.join()
     results = [r for rs, _, _ in done for r in rs]
-    wall = max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done)
-    return {"concurrency": len(w.prompts), "client_processes": processes, **_summary(results, wall)}
+    start, end = min(t0 for _, t0, _ in done), max(t1 for _, _, t1 in done)
+    return {"concurrency": len(w.prompts), "client_processes": processes, "clock_s": [start, end],
+            **_summary(results, end - start)}
 
 
 async def _run_rate(url: str, w: Workload, rate: float, seed: int = 0) -> dict:
@@ -307,6 +309,7 @@ def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: s
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
             "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
             "client_processes": r["client_processes"], "http_client": http_client, "server_cpu_busy": busy,
+            "clock_s": r["clock_s"],  # perf_counter: aligns with the scheduler's MINISGL_STEP_LOG lines
             "ttft_buckets": ttft_buckets,
             **{f"{k}_p{q}_s": _quantile(r[f"{k}_s"], q / 100) for k in ("ttft", "itl", "tpot") for q in (50, 99)}}
 
