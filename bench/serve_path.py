@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
            "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),
            "itl_p50_s": _quantile(r["itl_s"], 0.5), "itl_p99_s": _quantile(r["itl_s"], 0.99),
            "cpu_us_per_token": {role: 1e6 * (t - before[role]) / max(tokens, 1) for role, t in after.items()},
-           "ttft_buckets": ttft_buckets}
+           "ttft_buckets": ttft_buckets,
+           "clock_s": r["clock_s"]}  # perf_counter: aligns with the scheduler's MINISGL_STEP_LOG lines
     print(f"{args.requests} streams x {args.output_len} tokens: {tokens:,} tokens in {r['seconds']:.2f} s = "
           f"{r['tok_s']:,.0f} tok/s; chunks/token {r['chunks_per_token']:.2f}; TTFT p50/p99 "
           f"{res['ttft_p50_s'] * 1e3:.0f}/{res['ttft_p99_s'] * 1e3:.0f} ms; wrong lengths {r['wrong_lengths']}")
