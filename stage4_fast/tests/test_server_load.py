@@ -211,7 +211,8 @@ def test_choices_are_submitted_before_the_handler_awaits_and_aborted_if_never_re
         assert [kind for _, kind in sent] == ["TokenizeMsg", "TokenizeMsg"]  # no await has run yet
         assert fm.num_requests == 2
         await close_all(streams)  # e.g. the client left before the first reply was awaited
-        assert sorted(sent) == sorted([(s.uid, "TokenizeMsg") for s in streams] + [(s.uid, "AbortMsg") for s in streams])
+        uids = [s.uid for s in streams]
+        assert sorted(sent) == sorted([(u, "TokenizeMsg") for u in uids] + [(u, "AbortMsg") for u in uids])
         assert fm.num_requests == 0 and not fm.ack_map
         fm.shutdown()
 
