@@ -22,7 +22,7 @@ def test_serve_runs_never_repeat_a_prompt(monkeypatch):
 
     async def fake_run_clients(url, w, concurrency, http_client=None):
         sent.extend(tuple(p) for p in w.prompts)
-        return {"concurrency": concurrency, **worker._summary([], 1.0)}
+        return {"concurrency": concurrency, "clock_s": [0.0, 1.0], **worker._summary([], 1.0)}
 
     @contextlib.contextmanager
     def fake_server(*args, **kwargs):
