@@ -222,6 +222,7 @@ SERVER_FLAGS = {  # option -> CLI flag of `python -m <stage>`
     "stream_interval": "--stream-interval", "api_server_count": "--api-server-count",  # (stage4 only)
 }
 SERVER_SWITCHES = {"enable_mixed_chunk": "--enable-mixed-chunk"}  # option -> flag given when the option is true
+SERVER_OFF_SWITCHES = {"prefill_cuda_graph": "--disable-prefill-cuda-graph"}  # ... given when it is false
 
 
 def _free_port() -> int:
@@ -263,6 +264,8 @@ def launch_server(stage: str, model: str, log_path: Path, dtype: str, timeout_s:
             cmd += [SERVER_FLAGS[key], str(value)]
         elif key in SERVER_SWITCHES:
             cmd += [SERVER_SWITCHES[key]] if value else []
+        elif key in SERVER_OFF_SWITCHES:
+            cmd += [] if value or value is None else [SERVER_OFF_SWITCHES[key]]
         else:
             raise TypeError(f"no server flag for option {key!r}")
     url = f"http://127.0.0.1:{port}"

@@ -38,10 +38,24 @@ class BaseAttnBackend(ABC):
     def prepare_for_replay(self, batch: Batch) -> None:
         raise NotImplementedError
 
+    # A prefill forward captured at one token count (engine/prefill_graph.py): a backend whose prefill launch
+    # depends on nothing but the token count once its metadata sits in fixed buffers says so and implements these.
+    def supports_prefill_graph(self) -> bool:
+        return False
+
+    def init_prefill_capture(self, num_tokens: int, max_reqs: int) -> None:
+        raise NotImplementedError
+
+    def prepare_for_prefill_capture(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def prepare_for_prefill_replay(self, batch: Batch) -> None:
+        raise NotImplementedError
+
 
 class HybridBackend(BaseAttnBackend):
-    """One backend for prefill batches, another for decode (``--attn fa,fi``). Graphs capture decode only, so the
-    graph hooks go to the decode backend."""
+    """One backend for prefill batches, another for decode (``--attn fa,fi``). The decode graph hooks go to the
+    decode backend, the prefill graph's to the prefill backend."""
 
     def __init__(self, prefill_backend: BaseAttnBackend, decode_backend: BaseAttnBackend):
         self.prefill_backend = prefill_backend
@@ -65,3 +79,15 @@ class HybridBackend(BaseAttnBackend):
 
     def prepare_for_replay(self, batch: Batch) -> None:
         self.decode_backend.prepare_for_replay(batch)
+
+    def supports_prefill_graph(self) -> bool:
+        return self.prefill_backend.supports_prefill_graph()
+
+    def init_prefill_capture(self, num_tokens: int, max_reqs: int) -> None:
+        self.prefill_backend.init_prefill_capture(num_tokens, max_reqs)
+
+    def prepare_for_prefill_capture(self, batch: Batch) -> None:
+        self.prefill_backend.prepare_for_prefill_capture(batch)
+
+    def prepare_for_prefill_replay(self, batch: Batch) -> None:
+        self.prefill_backend.prepare_for_prefill_replay(batch)

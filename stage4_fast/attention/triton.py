@@ -37,6 +37,9 @@ class TritonMetadata(BaseAttnMetadata):
     num_splits: int = 1  # decode split-K factor
     mid_o: torch.Tensor | None = None  # decode scratch (fixed buffers under a CUDA graph)
     mid_lse: torch.Tensor | None = None
+    # prefill: the kernel's (request, query block) work list on the device (kernel/triton_attention.py:
+    # prefill_block_map), its programs run those instead of a grid sized by the batch and max_seqlen_q
+    block_map: torch.Tensor | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -44,6 +47,16 @@ class TritonMetadata(BaseAttnMetadata):
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
         return self.cu_seqlens_q[1 : 1 + bs] - 1
+
+
+@dataclass
+class TritonPrefillCaptureData:
+    """Fixed buffers a captured prefill graph reads its metadata from (a replay copies the batch's in)."""
+
+    cu_seqlens_q: torch.Tensor  # [max_reqs + 1]
+    seq_lens: torch.Tensor  # [max_reqs]
+    table_idx: torch.Tensor  # [max_reqs]
+    block_map: torch.Tensor  # [1 + 2 * capacity]: the kernel's grid covers every entry
 
 
 @dataclass
@@ -79,21 +92,29 @@ class TritonBackend(BaseAttnBackend):
             self.num_qo_heads // self.num_kv_heads, self.device)
         self.capture: TritonCaptureData | None = None
         self._capture_meta: Dict[int, TritonMetadata] = {}
+        self.prefill_capture: TritonPrefillCaptureData | None = None
+        # query tokens per program of the prefill kernel, for its block maps
+        self._prefill_block_m = self._kernels.prefill_block_m(
+            getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads)
 
     def _num_splits(self, bs: int) -> int:
         return self._kernels.decode_num_splits(bs, self.num_kv_heads, MAX_DECODE_SPLITS, self.num_sms, self._cuda_fp8)
 
     def prepare_metadata(self, batch: Batch) -> None:
         lens = batch_seq_lens(batch)
-        # the three int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
-        cu_seqlens_q, seq_lens, table_idx = to_device_packed(
-            [lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx], self.device)
+        parts = [lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx]
+        if not lens.is_decode:
+            parts.append(torch.from_numpy(self._kernels.prefill_block_map(
+                lens.seqlens_q.numpy(), lens.seqlens_k.numpy(), self._prefill_block_m)))
+        # the int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
+        cu_seqlens_q, seq_lens, table_idx, *block_map = to_device_packed(parts, self.device)
         batch.attn_metadata = TritonMetadata(
             cu_seqlens_q=cu_seqlens_q,
             seq_lens=seq_lens,
             table_idx=table_idx,
             max_seqlen_q=lens.max_seqlen_q,
             num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
+            block_map=block_map[0] if block_map else None,
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
@@ -109,10 +130,46 @@ class TritonBackend(BaseAttnBackend):
                 q, k_slots, v_slots, self.page_table, meta.table_idx, meta.seq_lens, self.scale, meta.num_splits,
                 mid_o=meta.mid_o, mid_lse=meta.mid_lse, **scales,
             )
+        block_map = (self._prefill_block_m, meta.block_map) if meta.block_map is not None else None
         return self._kernels.prefill_attention(
             q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
-            meta.max_seqlen_q, self.scale, **scales,
+            meta.max_seqlen_q, self.scale, block_map=block_map, **scales,
         )
+
+    # ---- prefill CUDA graph hooks (engine/prefill_graph.py) ----
+    def supports_prefill_graph(self) -> bool:
+        return True
+
+    def init_prefill_capture(self, num_tokens: int, max_reqs: int) -> None:
+        capacity = self._kernels.prefill_block_map_capacity(num_tokens, max_reqs, self._prefill_block_m)
+        buffers = to_device_packed([torch.zeros(max_reqs + 1, dtype=torch.int32),
+                                    torch.ones(max_reqs, dtype=torch.int32),
+                                    torch.zeros(max_reqs, dtype=torch.int32),
+                                    torch.zeros(1 + 2 * capacity, dtype=torch.int32)], self.device)
+        self.prefill_capture = TritonPrefillCaptureData(*buffers)
+
+    def prepare_for_prefill_capture(self, batch: Batch) -> None:
+        """After prepare_metadata(batch): the batch's metadata copied into the fixed buffers and read from them."""
+        cap = self.prefill_capture
+        assert cap is not None, "init_prefill_capture first"
+        meta = self._copy_prefill_metadata(cap, batch)
+        batch.attn_metadata = TritonMetadata(
+            cu_seqlens_q=cap.cu_seqlens_q, seq_lens=cap.seq_lens, table_idx=cap.table_idx,
+            max_seqlen_q=meta.max_seqlen_q, block_map=cap.block_map,
+        )
+
+    def prepare_for_prefill_replay(self, batch: Batch) -> None:
+        assert self.prefill_capture is not None
+        self._copy_prefill_metadata(self.prefill_capture, batch)
+
+    @staticmethod
+    def _copy_prefill_metadata(cap: TritonPrefillCaptureData, batch: Batch) -> TritonMetadata:
+        meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
+        assert meta.block_map is not None
+        for buffer, part in ((cap.cu_seqlens_q, meta.cu_seqlens_q), (cap.seq_lens, meta.seq_lens),
+                             (cap.table_idx, meta.table_idx), (cap.block_map, meta.block_map)):
+            buffer[: part.shape[0]].copy_(part)
+        return meta
 
     # ---- CUDA graph hooks (decode only) ----
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:

@@ -44,6 +44,7 @@ from ..utils.device import (
 from ..utils.hf import resolve_model_path
 from .config import EngineConfig
 from .graph import GraphRunner
+from .prefill_graph import PrefillGraphRunner, prefill_graph_problem
 from .sample import BatchSamplingArgs, Sampler
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class Engine:
                 dummy_req=self.dummy_req,
                 logits_dtype=config.dtype,
             )
+        self.prefill_graph: PrefillGraphRunner | None = None  # capture_prefill_graph
         runner = self.graph_runner
         graphs = (f"{'emulated' if runner.emulated else 'CUDA'} graphs for batch sizes up to {runner.max_graph_bs}"
                   if runner.max_graph_bs else "no graphs")
@@ -253,6 +255,8 @@ class Engine:
             if self.graph_runner.can_use_cuda_graph(batch):
                 logits = self.graph_runner.replay(batch)
                 greedy_tokens = self.graph_runner.greedy_tokens(batch)
+            elif self.prefill_graph is not None and self.prefill_graph.can_replay(batch):
+                logits = self.prefill_graph.replay(batch)
             else:
                 logits = self.model.forward()
             for req in batch.reqs:
@@ -300,6 +304,35 @@ class Engine:
             logger.warning("a prefill of %d tokens ran out of GPU memory at start-up: prefill steps that long will "
                            "too (lower --max-num-batched-tokens or --mem-fraction-static)", num_tokens)
 
+    def capture_prefill_graph(self, num_tokens: int) -> None:
+        """Capture the prefill forward at ``num_tokens`` tokens (engine/prefill_graph.py): prefill steps of exactly
+        that many tokens then replay it. Per ``EngineConfig.prefill_cuda_graph``: by default on a GPU whose decode
+        graphs are on; on a CPU only when asked for (the emulation, for tests)."""
+        if why := self._prefill_graph_problem(num_tokens):
+            logger.info("prefill steps run eagerly: %s", why)
+            return
+        try:
+            self.prefill_graph = PrefillGraphRunner(self.stream, self.device, self.model, self.attn_backend,
+                                                    num_tokens, self.config.max_running_req, self.dummy_req)
+        except torch.OutOfMemoryError:
+            if self.config.tp_info.size > 1:
+                raise  # as in warm_up_prefill: the ranks must not diverge
+            torch.cuda.empty_cache()
+            logger.warning("capturing the %d-token prefill forward ran out of GPU memory: prefill steps run eagerly "
+                           "(lower --mem-fraction-static to leave room for it)", num_tokens)
+
+    def _prefill_graph_problem(self, num_tokens: int) -> str | None:
+        wanted = self.config.prefill_cuda_graph
+        if wanted is False or (wanted is None and not is_cuda(self.device)):
+            return "the prefill graph is off"
+        if self.graph_runner.max_graph_bs == 0:
+            return "CUDA graphs are off"
+        if self.config.model_config.is_moe:
+            return "MoE layers route tokens by their values"
+        if num_tokens > self.max_seq_len:
+            return f"a {num_tokens}-token step is longer than the longest sequence ({self.max_seq_len})"
+        return prefill_graph_problem(self.model, self.attn_backend)
+
     def warm_up_gemms(self, max_tokens: int, step: int = GEMM_WARM_UP_STEP) -> None:
         """Every projection at each row count below ``step`` and every ``step`` rows up to ``max_tokens`` (at most
         GEMM_WARM_UP_COUNTS of them: the step grows with ``max_tokens``), and the LM head at every request count a
@@ -330,6 +363,8 @@ class Engine:
 
     def shutdown(self) -> None:
         self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)
+        if self.prefill_graph is not None:
+            self.prefill_graph.destroy()
         destroy_distributed()
         reset_tp_info()
         release_global_ctx(self.ctx)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _rewires_graphs(device: torch.device) -> bool:
+def rewires_graphs(device: torch.device) -> bool:
     """Whether the captured graphs get their edges moved (``kernel/pdl_graph.py``): our kernels launch with PDL on
     this device, and this torch can keep a captured graph un-instantiated (``CUDAGraph(keep_graph=True)``)."""
     from ..kernel.pdl import pdl_launch  # imports triton: never at module import (tests pick its interpreter first)
@@ -174,7 +174,7 @@ class GraphRunner:
         pool = None
         kind = "emulated" if self.emulated else "CUDA"
         logger.info("capturing %s graphs for batch sizes %s", kind, self.graph_bs_list)
-        rewire = not self.emulated and _rewires_graphs(self.device)
+        rewire = not self.emulated and rewires_graphs(self.device)
         launch_order_edges = 0
         with torch.inference_mode(), stream_context(self.stream):
             for bs in sorted(self.graph_bs_list, reverse=True):  # largest first: later ones reuse its memory

@@ -34,9 +34,11 @@ def hf_reference(path: Path, num_prompts: int, steps: int, seed: int = 0,
     return prompts, forced, torch.stack(logits)
 
 
-def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], **config: Any) -> torch.Tensor:
+def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], prefill_graph: bool = False,
+                 **config: Any) -> torch.Tensor:
     """The engine's logits for the same steps, fed the forced tokens: [num_prompts, steps, vocab] fp32 on the CPU
-    (``config``: EngineConfig fields, overriding the defaults below).
+    (``config``: EngineConfig fields, overriding the defaults below). ``prefill_graph``: the prompts' prefill step
+    replays a prefill graph captured at its token count (where the engine can capture one).
     Runs on the engine's device (a CPU too: a dry run of the GPU scripts); TP ranks each call it with their
     ``tp_info`` and the same inputs, so their collectives line up."""
     from stage4_fast.core import SamplingParams, set_global_ctx
@@ -48,6 +50,8 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
                                                **config}))
     batcher = ManualBatcher(engine)
     reqs = [batcher.add_req(p, SamplingParams(max_tokens=steps)) for p in prompts]
+    if prefill_graph:
+        engine.capture_prefill_graph(sum(map(len, prompts)))
     out = torch.empty(len(prompts), steps, engine.config.model_config.vocab_size)
     try:
         phase = "prefill"
@@ -57,6 +61,8 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
             with torch.inference_mode(), stream_context(engine.stream), engine.ctx.forward_batch(batch):
                 if engine.graph_runner.can_use_cuda_graph(batch):
                     logits = engine.graph_runner.replay(batch)
+                elif engine.prefill_graph is not None and engine.prefill_graph.can_replay(batch):
+                    logits = engine.prefill_graph.replay(batch)
                 else:
                     logits = engine.model.forward()
                 out[:, step] = logits[: batch.size].float().cpu()

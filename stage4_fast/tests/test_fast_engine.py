@@ -39,6 +39,38 @@ def test_triton_backend_matches_hf(qwen3):
     assert out == hf_generate(qwen3)
 
 
+def _triton_prefill_graph_run(qwen3) -> list:
+    """The tiny model's prompts in 8-token prefill steps (chunks of several requests, some after a cached prefix)
+    with the 8-token prefill forward captured (the emulation)."""
+    pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+    return llm_generate(qwen3, attention_backend="triton", page_size=4, max_extend_tokens=8, cuda_graph_max_bs=4,
+                        prefill_cuda_graph=True)
+
+
+def test_full_prefill_steps_replay_the_prefill_graph_and_match_hf(qwen3, monkeypatch):
+    from stage4_fast.engine.prefill_graph import PrefillGraphRunner
+
+    replayed: list[int] = []
+    replay = PrefillGraphRunner.replay
+    monkeypatch.setattr(PrefillGraphRunner, "replay", lambda self, batch: replayed.append(batch.size)
+                        or replay(self, batch))
+    assert _triton_prefill_graph_run(qwen3) == hf_generate(qwen3)
+    assert len(replayed) >= 4 and max(replayed) > 1  # 38 prompt tokens: four full steps, one of several requests
+
+
+def test_prefill_graph_emulation_catches_inputs_or_metadata_not_copied_into_its_buffers(qwen3, monkeypatch):
+    from stage4_fast.attention.triton import TritonBackend
+    from stage4_fast.engine.prefill_graph import PrefillCaptureBuffer
+
+    expected = hf_generate(qwen3)
+    with monkeypatch.context() as patch:
+        patch.setattr(PrefillCaptureBuffer, "copy_from", lambda self, batch: self.out_loc.copy_(batch.out_loc))
+        assert _triton_prefill_graph_run(qwen3) != expected
+    with monkeypatch.context() as patch:  # (the capture copies its own metadata in by itself)
+        patch.setattr(TritonBackend, "prepare_for_prefill_replay", lambda self, batch: None)
+        assert _triton_prefill_graph_run(qwen3) != expected
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the Triton interpreter warns on inf - inf
 @pytest.mark.parametrize("backend", ["torch", "triton", "fi", "fa"])
 def test_graph_capture_reads_no_unwritten_kv(qwen3, backend, monkeypatch, fake_flashinfer, fake_flash_attn):

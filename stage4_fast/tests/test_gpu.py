@@ -425,9 +425,9 @@ def test_bf16_qwen3_shape_teacher_forced_against_hf(backend):
     from .teacher_forcing import hf_reference, stage_logits
 
     prompts, forced, ref = hf_reference(path, num_prompts=4, steps=24)
-    for graphs in (True, False):
+    for graphs in (True, False):  # graphs: decode's, and the prefill step's where the backend is Triton's
         logits = stage_logits(path, prompts, forced, attention_backend=backend, dtype=torch.bfloat16,
-                              cuda_graph_max_bs=None if graphs else 0)
+                              cuda_graph_max_bs=None if graphs else 0, prefill_graph=graphs)
         rel = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
         top2 = ref.topk(2, dim=-1).values
         clear = (top2[..., 0] - top2[..., 1]) > CLEAR_GAP

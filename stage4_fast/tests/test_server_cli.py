@@ -35,6 +35,8 @@ def _parse(tiny_dir: Path, *flags: str):
     (["--cache", "naive"], "cache_type", "naive"),
     (["--disable-cuda-graph"], "cuda_graph_max_bs", 0),
     (["--enforce-eager"], "cuda_graph_max_bs", 0),
+    (["--disable-prefill-cuda-graph"], "prefill_cuda_graph", False),
+    ([], "prefill_cuda_graph", None),
     (["--load-format", "dummy"], "use_dummy_weight", True),
     (["--log-level", "debug"], "log_level", "debug"),
     (["--disable-uvicorn-access-log"], "access_log", False),

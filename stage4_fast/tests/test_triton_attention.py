@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package (the [test] extra installs it)")
 
 from stage4_fast.kernel.ref import paged_attention_ref  # noqa: E402
-from stage4_fast.kernel.triton_attention import decode_attention, prefill_attention  # noqa: E402
+from stage4_fast.kernel.triton_attention import (  # noqa: E402
+    decode_attention,
+    prefill_attention,
+    prefill_block_m,
+    prefill_block_map,
+    prefill_block_map_capacity,
+)
 
 
 def _paged_setup(seed: int, seq_lens: list[int], num_kv_heads: int, head_dim: int, width: int = 64):
@@ -35,6 +42,43 @@ def test_prefill_with_cached_prefix_matches_reference(num_qo_heads, num_kv_heads
     out = prefill_attention(q, k, v, pt, tidx, cu, lens, max(extend), head_dim**-0.5)
     ref = paged_attention_ref(q, k, v, pt, tidx, cu, lens, head_dim**-0.5)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_block_map_lists_every_query_block_once_most_keys_first():
+    seqlens_q, seqlens_k = np.array([5, 40, 1, 17]), np.array([5, 57, 30, 17])
+    m = prefill_block_map(seqlens_q, seqlens_k, 16)
+    count, pairs = m[0], m[1:].reshape(-1, 2)
+    assert count == len(pairs) == 1 + 3 + 1 + 2
+    assert sorted(map(tuple, pairs.tolist())) == [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0), (3, 0), (3, 1)]
+    keys = [seqlens_k[r] - seqlens_q[r] + min((b + 1) * 16, seqlens_q[r]) for r, b in pairs]
+    assert keys == sorted(keys, reverse=True) and pairs[0].tolist() == [1, 2]  # request 1's last block: 57 keys
+    assert count <= prefill_block_map_capacity(int(seqlens_q.sum()), 4, 16)
+
+
+@pytest.mark.parametrize("num_qo_heads,num_kv_heads,head_dim", [(4, 2, 32), (6, 2, 48)])
+def test_prefill_from_a_block_map_with_spare_entries_matches_reference(num_qo_heads, num_kv_heads, head_dim):
+    """The graph-captured prefill's launch: a 1-D grid over a block map longer than its count (the capture's
+    capacity) and metadata buffers longer than the batch, both holding an earlier batch's entries past the
+    current ones (here a request 4 of 20 query rows after the batch's 27), and a max_seqlen_q that says nothing."""
+    seq_lens, extend = [5, 37, 18, 1], [5, 20, 1, 1]
+    gen, k, v, pt, tidx, lens = _paged_setup(1, seq_lens, num_kv_heads, head_dim)
+    cu = torch.tensor([0] + extend).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu[-1]) + 20, num_qo_heads, head_dim, generator=gen)  # the rows past 27: fixed buffer
+    block_m = prefill_block_m(q.dtype, num_qo_heads // num_kv_heads)
+    exact = prefill_block_map(np.array(extend), np.array(seq_lens), block_m)
+    stale = np.tile(np.array([4, 0], np.int32), prefill_block_map_capacity(47, 5, block_m))
+    mapped = torch.from_numpy(np.concatenate([exact, stale]))
+    cu_buf = torch.cat([cu, torch.tensor([47], dtype=torch.int32)])
+    lens_buf, tidx_buf = torch.cat([lens, lens[1:2]]), torch.cat([tidx, tidx[1:2]])
+    out = torch.zeros_like(q)
+    prefill_attention(q, k, v, pt, tidx_buf, cu_buf, lens_buf, 1, head_dim**-0.5, out=out,
+                      block_map=(block_m, mapped))
+    ref = paged_attention_ref(q[:27], k, v, pt, tidx, cu, lens, head_dim**-0.5)
+    torch.testing.assert_close(out[:27], ref, atol=1e-5, rtol=1e-5)
+    assert not out[27:].any(), "a program past the map's count ran"
+    with pytest.raises(AssertionError, match="another query block"):
+        prefill_attention(q[:27], k, v, pt, tidx, cu, lens, 1, head_dim**-0.5,
+                          block_map=(block_m * 2, torch.from_numpy(exact)))
 
 
 def test_a_head_dim_below_the_block_reads_nothing_past_each_head():
