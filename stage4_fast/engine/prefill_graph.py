@@ -31,7 +31,7 @@ import torch
 
 from ..core import Batch, Req, SamplingParams, get_global_ctx
 from ..kernel.pdl_graph import move_edges_to_launch_order
-from ..utils.device import Stream, is_cuda, stream_context
+from ..utils.device import Stream, is_cuda, stream_context, synchronize
 from .graph import EmulatedGraph, Graph, rewires_graphs
 
 if TYPE_CHECKING:
@@ -113,6 +113,10 @@ class PrefillGraphRunner:
             if rewire:
                 move_edges_to_launch_order(graph)
                 graph.instantiate()
+            # a graph's first launch uploads it to the device: 17 ms on an H100 that the first full prefill step
+            # paid (bench/results/h100-prefill-graph.md); this one writes the capture batch's padding slot again
+            graph.replay()
+            synchronize(self.device)
         logger.info("captured a CUDA graph of the %d-token prefill forward", self.num_tokens)
         return graph
 
