@@ -71,6 +71,24 @@ def test_prefill_graph_emulation_catches_inputs_or_metadata_not_copied_into_its_
         assert _triton_prefill_graph_run(qwen3) != expected
 
 
+@pytest.mark.parametrize("model, config, why", [
+    ("tiny-qwen3", dict(attention_backend="torch"), "not Triton's"),
+    ("tiny-qwen3", dict(attention_backend="triton", cuda_graph_max_bs=0), "CUDA graphs are off"),
+    ("tiny-qwen3", dict(attention_backend="triton", prefill_cuda_graph=False), "is off"),
+    ("tiny-qwen3-moe", dict(attention_backend="triton"), "MoE"),
+])
+def test_the_prefill_graph_is_captured_only_where_a_launch_depends_on_the_token_count_alone(model, config, why,
+                                                                                            caplog):
+    pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+    engine = make_engine(prepared_model(model), **{"cuda_graph_max_bs": 1, "prefill_cuda_graph": True, **config})
+    try:
+        with caplog.at_level("INFO", logger="stage4_fast.engine.engine"):
+            engine.capture_prefill_graph(8)
+        assert engine.prefill_graph is None and why in caplog.text
+    finally:
+        engine.shutdown()
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # the Triton interpreter warns on inf - inf
 @pytest.mark.parametrize("backend", ["torch", "triton", "fi", "fa"])
 def test_graph_capture_reads_no_unwritten_kv(qwen3, backend, monkeypatch, fake_flashinfer, fake_flash_attn):
