@@ -2,10 +2,10 @@
 step to (``max_extend_tokens``).
 
 A prefill step runs eagerly: the host launches every kernel of every layer, 7 per layer and the Python around
-them, 13-23 ms for the Qwen3-0.6B shape whatever the step's size, where an 8,192-token step takes the H200 ~17.7
-ms (``bench/gpu_notes.md``, section 14; ``bench/results/h200-prefill-host.md``). A server's burst of prompts goes
-in as back-to-back steps of exactly that many tokens, and the device then waits for the host. Replayed from a
-graph, such a step costs the host a few copies and one launch.
+them, 11-23 ms for the Qwen3-0.6B shape whatever the step's size and the host, where an 8,192-token step takes an
+H200 or H100 ~17.5 ms (``bench/gpu_notes.md``, sections 14 and 38; ``bench/results/h200-prefill-host.md``). A
+server's burst of prompts goes in as back-to-back steps of exactly that many tokens, and on a slow host the device
+waits for it. Replayed from a graph, such a step costs the host a few copies and one launch.
 
 What lets one graph serve every batch of its token count is the attention: the Triton prefill kernel takes its
 (request, query block) work list from the device (``kernel/triton_attention.py: prefill_block_map``) with a grid
