@@ -251,14 +251,7 @@ class Engine:
         with torch.inference_mode(), self.ctx.forward_batch(batch):
             if args.logprobs is not None:
                 batch.prompt_logprob_rows = args.logprobs.prompt_rows
-            greedy_tokens = None
-            if self.graph_runner.can_use_cuda_graph(batch):
-                logits = self.graph_runner.replay(batch)
-                greedy_tokens = self.graph_runner.greedy_tokens(batch)
-            elif self.prefill_graph is not None and self.prefill_graph.can_replay(batch):
-                logits = self.prefill_graph.replay(batch)
-            else:
-                logits = self.model.forward()
+            logits, greedy_tokens = self.forward_logits(batch)
             for req in batch.reqs:
                 req.complete_one()
             if before_sampling is not None:
@@ -272,6 +265,15 @@ class Engine:
             logprobs_cpu = logprobs.to_host() if logprobs is not None else None
             copy_done_event = record_event(self.device)
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logprobs_cpu)
+
+    def forward_logits(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch's logits, inside ``ctx.forward_batch(batch)``: a decode graph's replay (with its greedy
+        argmax), the prefill graph's, or the eager forward (no argmax)."""
+        if self.graph_runner.can_use_cuda_graph(batch):
+            return self.graph_runner.replay(batch), self.graph_runner.greedy_tokens(batch)
+        if self.prefill_graph is not None and self.prefill_graph.can_replay(batch):
+            return self.prefill_graph.replay(batch), None
+        return self.model.forward(), None
 
     def warm_up_prefill(self, num_tokens: int) -> None:
         """One prefill of ``num_tokens`` dummy tokens before the first request, on a GPU: CUDA loads a kernel's

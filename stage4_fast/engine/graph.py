@@ -24,6 +24,7 @@ when they have ended (``kernel/pdl_graph.py``).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Protocol
@@ -78,6 +79,36 @@ class EmulatedGraph:
 
     def reset(self) -> None:
         self._fn = None
+
+
+def capture_graph(run: Callable[[], None], batch: Batch, stream: Stream, emulated: bool, rewire: bool,
+                  pool: object = None) -> tuple[Graph, int]:
+    """Run ``run`` once on the capture ``batch`` (a warm-up: lazy initialisation must not happen during capture),
+    then capture it: a CUDA graph in ``pool`` (its edges moved to launch order where ``rewire``; the count moved is
+    returned), or on CPU an ``EmulatedGraph`` whose replay runs it with the context's batch swapped for ``batch``:
+    a replay happens inside the engine's forward_batch(real batch), and the model must see the capture batch
+    instead, exactly as a real graph only "sees" what it captured."""
+    ctx = get_global_ctx()
+    with ctx.forward_batch(batch):
+        run()
+    if emulated:
+        def replay() -> None:
+            current = get_global_ctx()  # (the engine's: forward_batch made it the global one)
+            replayed, current._batch = current._batch, batch
+            try:
+                run()
+            finally:
+                current._batch = replayed
+
+        return EmulatedGraph(replay), 0
+    graph = torch.cuda.CUDAGraph(keep_graph=True) if rewire else torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream), ctx.forward_batch(batch):
+        run()
+    moved = 0
+    if rewire:
+        moved = move_edges_to_launch_order(graph)
+        graph.instantiate()
+    return graph, moved
 
 
 @dataclass
@@ -170,7 +201,6 @@ class GraphRunner:
 
     def _capture_graphs(self, max_seq_len: int) -> None:
         self.attn_backend.init_capture_graph(max_seq_len, self.graph_bs_list)
-        ctx = get_global_ctx()
         pool = None
         kind = "emulated" if self.emulated else "CUDA"
         logger.info("capturing %s graphs for batch sizes %s", kind, self.graph_bs_list)
@@ -182,18 +212,11 @@ class GraphRunner:
                 batch.padded_reqs = batch.reqs
                 self.buffer.set_batch(batch)
                 self.attn_backend.prepare_for_capture(batch)
-                with ctx.forward_batch(batch):  # warm-up: lazy initialisation must not happen during capture
-                    self._forward_into_buffer(bs)
-                if self.emulated:
-                    self.graph_map[bs] = EmulatedGraph(self._make_closure(batch))
-                    continue
-                graph = torch.cuda.CUDAGraph(keep_graph=True) if rewire else torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=self.stream), ctx.forward_batch(batch):
-                    self._forward_into_buffer(bs)
-                if rewire:
-                    launch_order_edges += move_edges_to_launch_order(graph)
-                    graph.instantiate()
-                pool = graph.pool()
+                graph, moved = capture_graph(functools.partial(self._forward_into_buffer, bs), batch, self.stream,
+                                             self.emulated, rewire, pool)
+                launch_order_edges += moved
+                if isinstance(graph, torch.cuda.CUDAGraph):
+                    pool = graph.pool()
                 self.graph_map[bs] = graph
         if rewire:
             logger.info("%d graph edges out of kernels launched without PDL leave at launch order",
@@ -205,21 +228,6 @@ class GraphRunner:
         logits = self.model.forward()
         assert logits.data_ptr() == self.buffer.logits.data_ptr(), "the LM head must write into Batch.logits_out"
         self.greedy_of[bs] = greedy_argmax(logits)
-
-    def _make_closure(self, capture_batch: Batch) -> Callable[[], None]:
-        bs = capture_batch.padded_size
-
-        def run() -> None:
-            # A replay happens inside the engine's forward_batch(real batch); the model must see the capture
-            # batch instead, exactly as a real graph only "sees" what it captured.
-            ctx = get_global_ctx()
-            replayed, ctx._batch = ctx._batch, capture_batch
-            try:
-                self._forward_into_buffer(bs)
-            finally:
-                ctx._batch = replayed
-
-        return run
 
     def can_use_cuda_graph(self, batch: Batch) -> bool:
         return batch.is_decode and 0 < batch.size <= self.max_graph_bs

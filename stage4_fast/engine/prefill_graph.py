@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..core import Batch, Req, SamplingParams, get_global_ctx
-from ..kernel.pdl_graph import move_edges_to_launch_order
 from ..utils.device import Stream, is_cuda, stream_context, synchronize
-from .graph import EmulatedGraph, Graph, rewires_graphs
+from .graph import Graph, capture_graph, rewires_graphs
 
 if TYPE_CHECKING:
     from ..attention import BaseAttnBackend
@@ -98,41 +97,21 @@ class PrefillGraphRunner:
         batch = Batch(reqs=[req], phase="prefill")
         batch.padded_reqs = batch.reqs
         self.buffer.set_batch(batch)
-        ctx = get_global_ctx()
         with torch.inference_mode(), stream_context(self.stream):
             self.attn_backend.prepare_metadata(batch)
             self.attn_backend.prepare_for_prefill_capture(batch)
-            with ctx.forward_batch(batch):  # warm-up: lazy initialisation must not happen during capture
-                self._forward()
-            if self.emulated:
-                return EmulatedGraph(self._make_closure(batch))
-            rewire = rewires_graphs(self.device)
-            graph = torch.cuda.CUDAGraph(keep_graph=True) if rewire else torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=self.stream), ctx.forward_batch(batch):
-                self._forward()
-            if rewire:
-                move_edges_to_launch_order(graph)
-                graph.instantiate()
-            # a graph's first launch uploads it to the device: 17 ms on an H100 that the first full prefill step
-            # paid (bench/results/h100-prefill-graph.md); this one writes the capture batch's padding slot again
-            graph.replay()
-            synchronize(self.device)
-        logger.info("captured a CUDA graph of the %d-token prefill forward", self.num_tokens)
+            rewire = not self.emulated and rewires_graphs(self.device)
+            graph, _ = capture_graph(self._forward, batch, self.stream, self.emulated, rewire)
+            if not self.emulated:
+                # a graph's first launch uploads it to the device: 17 ms on an H100 that the first full prefill
+                # step paid (bench/results/h100-prefill-graph.md); this one writes the padding slot again
+                graph.replay()
+                synchronize(self.device)
+                logger.info("captured a CUDA graph of the %d-token prefill forward", self.num_tokens)
         return graph
 
     def _forward(self) -> None:
         self.hidden = self.model.model.forward(self.buffer.input_ids)  # type: ignore[attr-defined]
-
-    def _make_closure(self, capture_batch: Batch) -> Callable[[], None]:
-        def run() -> None:  # the model sees the capture batch, as a real graph sees only what it captured
-            ctx = get_global_ctx()
-            replayed, ctx._batch = ctx._batch, capture_batch
-            try:
-                self._forward()
-            finally:
-                ctx._batch = replayed
-
-        return run
 
     def can_replay(self, batch: Batch) -> bool:
         return batch.is_prefill and batch.input_ids.shape[0] == self.num_tokens

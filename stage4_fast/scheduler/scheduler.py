@@ -89,12 +89,13 @@ class Scheduler(SchedulerIOMixin):
         self.config = config
         self.engine = Engine(config)
         self.device = self.engine.device
-        if is_cuda(self.device) and not ENV.DISABLE_PREFILL_WARM_UP.value:
+        # full prefill steps replay a graph instead of launching every kernel from the host; its capture runs the
+        # same forward as the prefill warm-up first, so that one is left out then
+        self.engine.capture_prefill_graph(config.max_extend_tokens)
+        if is_cuda(self.device) and self.engine.prefill_graph is None and not ENV.DISABLE_PREFILL_WARM_UP.value:
             self.engine.warm_up_prefill(config.max_extend_tokens)  # the first long prompt pays no first launches
         if is_cuda(self.device) and not ENV.DISABLE_GEMM_WARM_UP.value:
             self.engine.warm_up_gemms(config.max_extend_tokens)  # nor does a step of a token count not seen before
-        # full prefill steps replay a graph instead of launching every kernel from the host
-        self.engine.capture_prefill_graph(config.max_extend_tokens)
         # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
         self.stream = create_stream(self.device)
         page_size = config.page_size

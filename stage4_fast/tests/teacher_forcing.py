@@ -59,12 +59,7 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
             set_global_ctx(engine.ctx)
             batch = batcher.make_batch(reqs, phase)
             with torch.inference_mode(), stream_context(engine.stream), engine.ctx.forward_batch(batch):
-                if engine.graph_runner.can_use_cuda_graph(batch):
-                    logits = engine.graph_runner.replay(batch)
-                elif engine.prefill_graph is not None and engine.prefill_graph.can_replay(batch):
-                    logits = engine.prefill_graph.replay(batch)
-                else:
-                    logits = engine.model.forward()
+                logits, _ = engine.forward_logits(batch)
                 out[:, step] = logits[: batch.size].float().cpu()
             rows = torch.tensor([r.table_idx for r in reqs])
             cols = torch.tensor([r.device_len for r in reqs])
