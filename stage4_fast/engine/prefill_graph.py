@@ -103,8 +103,10 @@ class PrefillGraphRunner:
             rewire = not self.emulated and rewires_graphs(self.device)
             graph, _ = capture_graph(self._forward, batch, self.stream, self.emulated, rewire)
             if not self.emulated:
-                # a graph's first launch uploads it to the device: 17 ms on an H100 that the first full prefill
-                # step paid (bench/results/h100-prefill-graph.md); this one writes the padding slot again
+                # a graph's first launch uploads it to the device: done here rather than in the first real step
+                # (not measured apart: a process's first step of many requests launches in ~its device time,
+                # ~18 ms at 8,192 tokens on an H100, with this replay or without it,
+                # bench/results/h100-eager-submit.md); this one writes the padding slot again
                 graph.replay()
                 synchronize(self.device)
                 logger.info("captured a CUDA graph of the %d-token prefill forward", self.num_tokens)
