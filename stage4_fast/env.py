@@ -47,7 +47,8 @@ class _Env:
     DISABLE_FUSED_KV_STORE = EnvVar("DISABLE_FUSED_KV_STORE", False, _parse_bool)
     # the decoder's RMSNorms deferred into the kernels after their projections (models/decoder.py), off for A/B runs
     DISABLE_DEFERRED_NORMS = EnvVar("DISABLE_DEFERRED_NORMS", False, _parse_bool)
-    # the scheduler's dummy prefill of max_extend_tokens at start-up on a GPU (Engine.warm_up_prefill), off for A/B
+    # the scheduler's dummy prefill step of max_extend_tokens over several requests at start-up on a GPU
+    # (Engine.warm_up_prefill) and its first scatter into the token pool, off for A/B
     DISABLE_PREFILL_WARM_UP = EnvVar("DISABLE_PREFILL_WARM_UP", False, _parse_bool)
     # the projections run at a grid of row counts at start-up on a GPU (Engine.warm_up_gemms), off for A/B runs
     DISABLE_GEMM_WARM_UP = EnvVar("DISABLE_GEMM_WARM_UP", False, _parse_bool)

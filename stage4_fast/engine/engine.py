@@ -275,29 +275,35 @@ class Engine:
             return self.prefill_graph.replay(batch), None
         return self.model.forward(), None
 
-    def warm_up_prefill(self, num_tokens: int) -> None:
-        """One prefill of ``num_tokens`` dummy tokens before the first request, on a GPU: CUDA loads a kernel's
-        module at its first launch (lazily), and the first long prompt a server takes, or an offline run's first
-        prefill step, paid for the kernels a short prompt never launches (on the H200 its host forward took 41-46
-        ms, 34 ms after this warm-up, 17-25 ms with every module loaded at start-up: ``bench/gpu_notes.md``
-        section 30). vLLM's start-up profile run, a forward at its largest batch, does the same. Every token
-        writes its KV into the dummy request's padding slot, which no request reads."""
+    def warm_up_prefill(self, num_tokens: int, num_reqs: int = 1) -> None:
+        """One prefill step of ``num_tokens`` dummy tokens over ``num_reqs`` requests before the first request, on
+        a GPU, through ``forward_batch`` (the forward or the prefill graph's replay, the LM head, greedy sampling,
+        the copy to the host): CUDA loads a kernel's module at its first launch (lazily), and the first long prompt
+        a server takes, or an offline run's first prefill step, paid for the kernels a short prompt never launches
+        (on the H200 its host forward took 41-46 ms, 34 ms after a one-request warm-up, 17-25 ms with every module
+        loaded at start-up: ``bench/gpu_notes.md`` section 30); a step of several requests launches a few more
+        (their last rows picked for the LM head: 17-31 ms of host in a process's first such step on an H100,
+        ~1 ms with every module loaded, section 40). vLLM's start-up dummy run, a forward at its largest batch
+        of several requests, does the same. Every request is the padding request: their KV goes to its slot,
+        which no request reads."""
         num_tokens = min(num_tokens, self.max_seq_len)
+        num_reqs = max(1, min(num_reqs, num_tokens // 2, self.config.max_running_req))
         if num_tokens < 2:
             return
-        req = Req(input_ids=torch.zeros(num_tokens, dtype=torch.int32), table_idx=self.dummy_req.table_idx,
-                  cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams())
-        batch = Batch(reqs=[req], phase="prefill")
+        lens = [num_tokens // num_reqs + (i < num_tokens % num_reqs) for i in range(num_reqs)]
+        reqs = [Req(input_ids=torch.zeros(n, dtype=torch.int32), table_idx=self.dummy_req.table_idx, cached_len=0,
+                    output_len=1, uid=-1 - i, sampling_params=SamplingParams()) for i, n in enumerate(lens)]
+        batch = Batch(reqs=reqs, phase="prefill")
         batch.padded_reqs = batch.reqs
+        positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens])
         set_global_ctx(self.ctx)
         try:
             with torch.inference_mode(), stream_context(self.stream):
                 batch.input_ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
-                batch.positions = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
-                batch.out_loc = self.page_table[req.table_idx, :num_tokens]
+                batch.positions = positions.to(self.device)
+                batch.out_loc = self.page_table[self.dummy_req.table_idx, positions.to(self.device, torch.int64)]
                 self.attn_backend.prepare_metadata(batch)
-                with self.ctx.forward_batch(batch):
-                    self.model.forward()
+                self.forward_batch(batch, BatchSamplingArgs(temperatures=None)).copy_done_event.synchronize()
             synchronize(self.device)
         except torch.OutOfMemoryError:  # a prefill step this long will not fit either: say so, serve what fits
             if self.config.tp_info.size > 1:

@@ -59,9 +59,13 @@ from .prefill import ChunkedReq, PrefillManager, estimated_kv_tokens
 from .step_log import StepLog
 from .stream_interval import StreamInterval
 from .table import TableManager
-from .utils import run_indices
+from .utils import run_indices, scatter_runs
 
 logger = logging.getLogger(__name__)
+
+# the start-up prefill's requests: several, as in a full step of a burst (8,192 tokens of 100-1,024-token prompts hold
+# ~15), whose first launches a one-request step does not make (Engine.warm_up_prefill)
+WARM_UP_PREFILL_REQS = 16
 
 
 class ForwardInput(NamedTuple):
@@ -89,17 +93,20 @@ class Scheduler(SchedulerIOMixin):
         self.config = config
         self.engine = Engine(config)
         self.device = self.engine.device
-        # full prefill steps replay a graph instead of launching every kernel from the host; its capture runs the
-        # same forward as the prefill warm-up first, so that one is left out then
+        # full prefill steps replay a graph instead of launching every kernel from the host
         self.engine.capture_prefill_graph(config.max_extend_tokens)
-        if is_cuda(self.device) and self.engine.prefill_graph is None and not ENV.DISABLE_PREFILL_WARM_UP.value:
-            self.engine.warm_up_prefill(config.max_extend_tokens)  # the first long prompt pays no first launches
+        warm_up = is_cuda(self.device) and not ENV.DISABLE_PREFILL_WARM_UP.value
+        if warm_up:  # the first long prompt, and the first step of many requests, pay no first launches
+            self.engine.warm_up_prefill(config.max_extend_tokens, WARM_UP_PREFILL_REQS)
         if is_cuda(self.device) and not ENV.DISABLE_GEMM_WARM_UP.value:
             self.engine.warm_up_gemms(config.max_extend_tokens)  # nor does a step of a token count not seen before
         # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
         self.stream = create_stream(self.device)
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
+        if warm_up:  # a prefill batch's scatter into the token pool (its first launch loads the kernel): zeros into
+            scatter_runs(self.table_manager.token_pool,  # the padding row, which holds zeros
+                         [(self.engine.dummy_req.table_idx, 0, torch.zeros(2, dtype=torch.int32))])
         # a linear layer's state after a prefix cannot be rebuilt from the prefix's KV: hybrid models get no prefix
         # sharing (naive cache), whatever was asked (attention/hybrid_linear.py)
         cache_type = "naive" if self.engine.config.model_config.linear_attn is not None else config.cache_type

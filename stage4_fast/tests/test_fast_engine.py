@@ -58,6 +58,31 @@ def test_full_prefill_steps_replay_the_prefill_graph_and_match_hf(qwen3, monkeyp
     assert len(replayed) >= 4 and max(replayed) > 1  # 38 prompt tokens: four full steps, one of several requests
 
 
+def test_the_prefill_warm_up_of_several_requests_replays_the_prefill_graph_and_changes_no_token(qwen3, monkeypatch):
+    """The start-up warm-up at the captured step size (``Engine.warm_up_prefill``, here by hand) goes through the
+    graph's replay with several requests, as a burst's first full step does; the requests after it get HF's
+    tokens."""
+    pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+    from stage4_fast.engine.prefill_graph import PrefillGraphRunner
+
+    from .fast_helpers import PROMPTS
+    from .helpers import greedy
+
+    replayed: list[int] = []
+    replay = PrefillGraphRunner.replay
+    monkeypatch.setattr(PrefillGraphRunner, "replay", lambda self, batch: replayed.append(batch.size)
+                        or replay(self, batch))
+    llm = make_llm(qwen3, attention_backend="triton", page_size=4, max_extend_tokens=8, cuda_graph_max_bs=4,
+                   prefill_cuda_graph=True)
+    try:
+        llm.engine.warm_up_prefill(8, 3)
+        assert replayed == [3]
+        out = [r["token_ids"] for r in llm.generate(list(PROMPTS), greedy(8), use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    assert out == hf_generate(qwen3, n=8)
+
+
 def test_prefill_graph_emulation_catches_inputs_or_metadata_not_copied_into_its_buffers(qwen3, monkeypatch):
     from stage4_fast.attention.triton import TritonBackend
     from stage4_fast.engine.prefill_graph import PrefillCaptureBuffer
@@ -224,11 +249,11 @@ def test_serve_reports_the_cpu_defaults(qwen3):
     assert describe(config).endswith("http://127.0.0.1:8000 (2 API server processes)")
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(qwen3, page_size):
-    """``Engine.warm_up_prefill`` (run at start-up on a GPU, here by hand): a prefill of dummy tokens through the
-    real forward, whose KV goes to the dummy request's padding page only — every other slot of the pool keeps its
-    bytes, and the requests after it get HF's tokens."""
+@pytest.mark.parametrize("page_size,num_reqs", [(1, 1), (4, 1), (1, 5), (4, 5)])
+def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(qwen3, page_size, num_reqs):
+    """``Engine.warm_up_prefill`` (run at start-up on a GPU, here by hand): a prefill step of dummy tokens, of one
+    request or several, through the real forward, LM head and sampler, whose KV goes to the dummy request's padding
+    page only — every other slot of the pool keeps its bytes, and the requests after it get HF's tokens."""
     from .fast_helpers import PROMPTS
     from .helpers import greedy
 
@@ -243,7 +268,7 @@ def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(q
             return k.reshape(-1, k.shape[-2], k.shape[-1]).view(torch.uint8)
 
         before = [slots(i).clone() for i in range(pool.num_layers)]
-        engine.warm_up_prefill(40)
+        engine.warm_up_prefill(40, num_reqs)
         for i, old in enumerate(before):
             new = slots(i)
             assert torch.equal(new[: padding.start], old[: padding.start])
@@ -354,7 +379,8 @@ def test_a_warm_up_that_runs_out_of_memory_warns_and_the_engine_still_serves(qwe
 
 
 def test_the_prefill_warm_up_leaves_the_moe_models_tokens_alone():
-    """The warm-up through Qwen3-MoE's routed experts: the requests after it get HF's tokens."""
+    """The warm-up through Qwen3-MoE's routed experts (one request and several): the requests after it get HF's
+    tokens."""
     from .helpers import greedy
 
     moe = prepared_model("tiny-qwen3-moe")
@@ -362,6 +388,7 @@ def test_the_prefill_warm_up_leaves_the_moe_models_tokens_alone():
     llm = make_llm(moe, max_running_req=8)
     try:
         llm.engine.warm_up_prefill(64)
+        llm.engine.warm_up_prefill(64, 4)
         out = [r["token_ids"] for r in llm.generate(prompts, greedy(4), use_tqdm=False)]
     finally:
         llm.shutdown()

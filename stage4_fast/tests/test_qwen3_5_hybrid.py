@@ -317,11 +317,13 @@ def test_server_serves_the_hybrid_model():
 
 def test_the_prefill_warm_up_leaves_the_tokens_alone():
     """``Engine.warm_up_prefill`` (start-up, on a GPU; here by hand) through the hybrid's layers: its dummy prefill
-    runs the linear attention on the padding request's state slot, and the requests after it get HF's tokens."""
+    steps, of one request and of several, run the linear attention on the padding request's state slot, and the
+    requests after them get HF's tokens."""
     prompts = [[1, 2, 3, 4, 5], [7] * 30]
     llm = llm_mod.LLM(str(model_dir()), dtype=torch.float32)
     try:
         llm.engine.warm_up_prefill(64)
+        llm.engine.warm_up_prefill(64, 4)
         results = llm.generate(prompts, greedy(), use_tqdm=False)
     finally:
         llm.shutdown()
