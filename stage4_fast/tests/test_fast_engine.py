@@ -279,6 +279,32 @@ def test_the_prefill_warm_up_writes_only_the_padding_slot_and_changes_no_token(q
     assert out == hf_generate(qwen3, n=8)
 
 
+def test_the_scheduler_warms_up_a_step_of_several_requests_at_start_up_and_changes_no_token(qwen3, monkeypatch):
+    """What the scheduler runs at start-up on a GPU (here with the GPU check forced on): the prefill warm-up of
+    ``max_extend_tokens`` over WARM_UP_PREFILL_REQS requests, and its scatter into the padding row of the token pool,
+    which stays zeros; the requests after it get HF's tokens."""
+    from stage4_fast.engine.engine import Engine
+    from stage4_fast.scheduler import scheduler as scheduler_module
+
+    from .fast_helpers import PROMPTS
+    from .helpers import greedy
+
+    calls: list[tuple[int, int]] = []
+    warm_up = Engine.warm_up_prefill
+    monkeypatch.setattr(Engine, "warm_up_prefill", lambda self, tokens, reqs=1: calls.append((tokens, reqs))
+                        or warm_up(self, tokens, reqs))
+    monkeypatch.setattr(scheduler_module, "is_cuda", lambda device: True)
+    llm = make_llm(qwen3, max_running_req=8, max_extend_tokens=48)
+    try:
+        assert calls == [(48, scheduler_module.WARM_UP_PREFILL_REQS)]
+        padding_row = llm.token_pool[llm.engine.dummy_req.table_idx]
+        assert not padding_row.any()
+        out = [r["token_ids"] for r in llm.generate(list(PROMPTS), greedy(8), use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    assert out == hf_generate(qwen3, n=8)
+
+
 def test_the_gemm_warm_up_runs_every_projection_at_each_row_count_and_changes_no_token(qwen3, monkeypatch):
     """``Engine.warm_up_gemms`` (run at start-up on a GPU, here by hand): every distinct projection at each row
     count of the grid (all below the step, then every step rows, and the largest), the LM head at every request
