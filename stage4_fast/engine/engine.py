@@ -282,10 +282,10 @@ class Engine:
         a server takes, or an offline run's first prefill step, paid for the kernels a short prompt never launches
         (on the H200 its host forward took 41-46 ms, 34 ms after a one-request warm-up, 17-25 ms with every module
         loaded at start-up: ``bench/gpu_notes.md`` section 30); a step of several requests launches a few more
-        (their last rows picked for the LM head: 17-31 ms of host in a process's first such step on an H100,
-        ~1 ms with every module loaded, section 40). vLLM's start-up dummy run, a forward at its largest batch
-        of several requests, does the same. Every request is the padding request: their KV goes to its slot,
-        which no request reads."""
+        (a process's first such step launched in 18-35 ms on an H100, in 1.0 ms with every module loaded at
+        start-up, in 1.2-1.4 ms after this warm-up: section 40). vLLM's start-up dummy run, a forward at its
+        largest batch of several requests, does the same. Every request is the padding request: their KV goes
+        to its slot, which no request reads."""
         num_tokens = min(num_tokens, self.max_seq_len)
         num_reqs = max(1, min(num_reqs, num_tokens // 2, self.config.max_running_req))
         if num_tokens < 2:

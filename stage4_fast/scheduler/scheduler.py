@@ -104,9 +104,10 @@ class Scheduler(SchedulerIOMixin):
         self.stream = create_stream(self.device)
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
-        if warm_up:  # a prefill batch's scatter into the token pool (its first launch loads the kernel): zeros into
-            scatter_runs(self.table_manager.token_pool,  # the padding row, which holds zeros
-                         [(self.engine.dummy_req.table_idx, 0, torch.zeros(2, dtype=torch.int32))])
+        if warm_up:  # a prefill batch's scatter into the token pool, whose first launch loads its kernel: once here,
+            # zeros into the padding row (which holds zeros)
+            padding_row = self.engine.dummy_req.table_idx
+            scatter_runs(self.table_manager.token_pool, [(padding_row, 0, torch.zeros(2, dtype=torch.int32))])
         # a linear layer's state after a prefix cannot be rebuilt from the prefix's KV: hybrid models get no prefix
         # sharing (naive cache), whatever was asked (attention/hybrid_linear.py)
         cache_type = "naive" if self.engine.config.model_config.linear_attn is not None else config.cache_type
