@@ -18,6 +18,9 @@ from .fast_helpers import PROMPTS, hf_generate, llm_generate
 from .teacher_forcing import stage_logits
 
 ARCHS = ["tiny-qwen3", "tiny-llama3"]  # with and without a q/k norm; norm weights 1 + N(0, 0.1)
+# bf16 against HF's fp32 logits: a step is clear when HF's top-2 gap exceeds twice the largest error of any bf16 logit
+# measured (0.73 on tiny-qwen3, either path): then no rounding of that size swaps the two (6 of the 12 steps here)
+BF16_CLEAR_GAP = 1.5
 
 
 def _force(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,7 +87,9 @@ def test_deferred_norms_in_bf16_with_the_fused_kernels(monkeypatch):
     fp32 ones as those of the norms it replaces. Both round to bf16 at every projection; the deferred layers round
     the norm weights into the projections' weights and scale after the GEMM instead of before: errors of the same
     size, so the bound is 1.5x the replaced path's own (measured 1.95 % against 1.83 %, printed; the interpreter
-    truncates where a GPU rounds), while a wrong factor is off by order one."""
+    truncates where a GPU rounds), while a wrong factor is off by order one. Both pick HF's token wherever HF's top-2
+    gap is clear (BF16_CLEAR_GAP): at a closer step the rounding may pick the runner-up, and which one it picks
+    depends on the CPU's bf16 arithmetic (an AVX2 machine parted from HF at a step with a gap of 0.16)."""
     pytest.importorskip("triton")
     from stage4_fast.kernel import triton_fused
     from stage4_fast.layers import activation, attention, norm
@@ -118,4 +123,8 @@ def test_deferred_norms_in_bf16_with_the_fused_kernels(monkeypatch):
     print(f"deferred against normed, bf16: max rel. L2 {rel:.4f}; against HF fp32: deferred "
           f"{_rel_l2(runs['0'], ref):.4f}, normed {_rel_l2(runs['1'], ref):.4f}")
     assert _rel_l2(runs["0"], ref) < 1.5 * _rel_l2(runs["1"], ref)
-    assert torch.equal(runs["0"].argmax(-1), ref.argmax(-1)) and torch.equal(runs["1"].argmax(-1), ref.argmax(-1))
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > BF16_CLEAR_GAP
+    assert int(clear.sum()) >= 4, "too few clear steps to compare greedy picks"
+    for run in (runs["0"], runs["1"]):
+        assert torch.equal(run.argmax(-1)[clear], ref.argmax(-1)[clear])
