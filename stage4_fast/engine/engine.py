@@ -44,7 +44,7 @@ from ..utils.device import (
 from ..utils.hf import resolve_model_path
 from .config import EngineConfig
 from .graph import GraphRunner
-from .prefill_graph import PrefillGraphRunner, prefill_graph_problem
+from .prefill_graph import PrefillGraphRunner, padding_prefill_batch, prefill_graph_problem
 from .sample import BatchSamplingArgs, Sampler
 
 logger = logging.getLogger(__name__)
@@ -291,10 +291,7 @@ class Engine:
         if num_tokens < 2:
             return
         lens = [num_tokens // num_reqs + (i < num_tokens % num_reqs) for i in range(num_reqs)]
-        reqs = [Req(input_ids=torch.zeros(n, dtype=torch.int32), table_idx=self.dummy_req.table_idx, cached_len=0,
-                    output_len=1, uid=-1 - i, sampling_params=SamplingParams()) for i, n in enumerate(lens)]
-        batch = Batch(reqs=reqs, phase="prefill")
-        batch.padded_reqs = batch.reqs
+        batch = padding_prefill_batch(self.dummy_req, lens)
         positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens])
         set_global_ctx(self.ctx)
         try:

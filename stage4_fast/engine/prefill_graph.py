@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -74,6 +74,16 @@ def prefill_graph_problem(model: BaseLLMModel, attn_backend: BaseAttnBackend) ->
     return None
 
 
+def padding_prefill_batch(dummy_req: Req, lens: Sequence[int]) -> Batch:
+    """A prefill batch of dummy prompts of ``lens`` tokens, every one in the padding request's table row: the KV it
+    writes goes to the padding slot, which no request reads (the graph's capture, the start-up warm-up)."""
+    reqs = [Req(input_ids=torch.zeros(n, dtype=torch.int32), table_idx=dummy_req.table_idx, cached_len=0,
+                output_len=1, uid=-1 - i, sampling_params=SamplingParams()) for i, n in enumerate(lens)]
+    batch = Batch(reqs=reqs, phase="prefill")
+    batch.padded_reqs = batch.reqs
+    return batch
+
+
 class PrefillGraphRunner:
     def __init__(self, stream: Stream, device: torch.device, model: BaseLLMModel, attn_backend: BaseAttnBackend,
                  num_tokens: int, max_reqs: int, dummy_req: Req):
@@ -92,10 +102,7 @@ class PrefillGraphRunner:
     def _capture(self, dummy_req: Req) -> Graph:
         """Capture on a batch of one dummy prompt of ``num_tokens`` tokens in the dummy request's table row: every
         KV slot it writes is the padding slot, which no request reads."""
-        req = Req(input_ids=torch.zeros(self.num_tokens, dtype=torch.int32), table_idx=dummy_req.table_idx,
-                  cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams())
-        batch = Batch(reqs=[req], phase="prefill")
-        batch.padded_reqs = batch.reqs
+        batch = padding_prefill_batch(dummy_req, [self.num_tokens])
         self.buffer.set_batch(batch)
         with torch.inference_mode(), stream_context(self.stream):
             self.attn_backend.prepare_metadata(batch)
@@ -104,9 +111,9 @@ class PrefillGraphRunner:
             graph, _ = capture_graph(self._forward, batch, self.stream, self.emulated, rewire)
             if not self.emulated:
                 # a graph's first launch uploads it to the device: done here rather than in the first real step
-                # (not measured apart: a process's first step of many requests launches in ~its device time,
-                # ~18 ms at 8,192 tokens on an H100, with this replay or without it,
-                # bench/results/h100-eager-submit.md); this one writes the padding slot again
+                # (not measured apart: the ~18 ms a process's first step of many requests took with this replay or
+                # without it were kernels' first launches, which the scheduler's start-up warm-up step now pays,
+                # bench/results/h100-warm-up-step.md); this one writes the padding slot again
                 graph.replay()
                 synchronize(self.device)
                 logger.info("captured a CUDA graph of the %d-token prefill forward", self.num_tokens)

@@ -81,4 +81,4 @@ for run in "ABC":
     walls[run] = time.perf_counter() - t
 json.dump(walls, open(f"{out}/walls-{tag}.json", "w"))
 print(tag, walls)
-llm.shutdown() if hasattr(llm, "shutdown") else None
+llm.shutdown()
