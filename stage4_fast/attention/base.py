@@ -38,7 +38,7 @@ class BaseAttnBackend(ABC):
     def prepare_for_replay(self, batch: Batch) -> None:
         raise NotImplementedError
 
-    # A prefill forward captured at one token count (engine/prefill_graph.py): a backend whose prefill launch
+    # A prefill forward captured at fixed token counts (engine/prefill_graph.py): a backend whose prefill launch
     # depends on nothing but the token count once its metadata sits in fixed buffers says so and implements these.
     def supports_prefill_graph(self) -> bool:
         return False

@@ -93,6 +93,7 @@ class TritonBackend(BaseAttnBackend):
         self.capture: TritonCaptureData | None = None
         self._capture_meta: Dict[int, TritonMetadata] = {}
         self.prefill_capture: TritonPrefillCaptureData | None = None
+        self._prefill_max_reqs = 0  # init_prefill_capture
         # query tokens per program of the prefill kernel, for its block maps
         self._prefill_block_m = self._kernels.prefill_block_m(
             getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads)
@@ -141,21 +142,28 @@ class TritonBackend(BaseAttnBackend):
         return True
 
     def init_prefill_capture(self, num_tokens: int, max_reqs: int) -> None:
-        capacity = self._kernels.prefill_block_map_capacity(num_tokens, max_reqs, self._prefill_block_m)
+        self._prefill_max_reqs = max_reqs
+        capacity = self._prefill_capacity(num_tokens)
         buffers = to_device_packed([torch.zeros(max_reqs + 1, dtype=torch.int32),
                                     torch.ones(max_reqs, dtype=torch.int32),
                                     torch.zeros(max_reqs, dtype=torch.int32),
                                     torch.zeros(1 + 2 * capacity, dtype=torch.int32)], self.device)
         self.prefill_capture = TritonPrefillCaptureData(*buffers)
 
+    def _prefill_capacity(self, num_tokens: int) -> int:
+        return self._kernels.prefill_block_map_capacity(num_tokens, min(self._prefill_max_reqs, num_tokens),
+                                                        self._prefill_block_m)
+
     def prepare_for_prefill_capture(self, batch: Batch) -> None:
-        """After prepare_metadata(batch): the batch's metadata copied into the fixed buffers and read from them."""
+        """After prepare_metadata(batch): the batch's metadata copied into the fixed buffers (shared by the graphs
+        of every token count, each launching over its own count's capacity of the work list) and read from them."""
         cap = self.prefill_capture
         assert cap is not None, "init_prefill_capture first"
         meta = self._copy_prefill_metadata(cap, batch)
+        capacity = self._prefill_capacity(batch.input_ids.shape[0])
         batch.attn_metadata = TritonMetadata(
             cu_seqlens_q=cap.cu_seqlens_q, seq_lens=cap.seq_lens, table_idx=cap.table_idx,
-            max_seqlen_q=meta.max_seqlen_q, block_map=cap.block_map,
+            max_seqlen_q=meta.max_seqlen_q, block_map=cap.block_map[: 1 + 2 * capacity],
         )
 
     def prepare_for_prefill_replay(self, batch: Batch) -> None:

@@ -23,7 +23,7 @@ class EngineConfig:
     moe_backend: str = "auto"
     cuda_graph_bs: List[int] | None = None
     cuda_graph_max_bs: int | None = None
-    # a CUDA graph of the prefill forward at the scheduler's prefill step size (engine/prefill_graph.py): None =
+    # CUDA graphs of the prefill forward up to the scheduler's prefill step size (engine/prefill_graph.py): None =
     # on a GPU (unless graphs are off), True = also the emulation on a CPU (tests), False = never
     prefill_cuda_graph: bool | None = None
     page_size: int = 1

@@ -44,7 +44,7 @@ from ..utils.device import (
 from ..utils.hf import resolve_model_path
 from .config import EngineConfig
 from .graph import GraphRunner
-from .prefill_graph import PrefillGraphRunner, padding_prefill_batch, prefill_graph_problem
+from .prefill_graph import PrefillGraphRunner, padding_prefill_batch, prefill_graph_problem, prefill_graph_sizes
 from .sample import BatchSamplingArgs, Sampler
 
 logger = logging.getLogger(__name__)
@@ -266,6 +266,14 @@ class Engine:
             copy_done_event = record_event(self.device)
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logprobs_cpu)
 
+    def pad_batch(self, batch: Batch) -> None:
+        """Pad a batch up to its graph's size: a decode batch with the dummy request (``engine/graph.py``), a
+        prefill batch with dummy prompts where prefill graphs are captured (``engine/prefill_graph.py``)."""
+        if batch.is_prefill and self.prefill_graph is not None:
+            self.prefill_graph.pad_batch(batch)
+        else:
+            self.graph_runner.pad_batch(batch)
+
     def forward_logits(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The batch's logits, inside ``ctx.forward_batch(batch)``: a decode graph's replay (with its greedy
         argmax), the prefill graph's, or the eager forward (no argmax)."""
@@ -310,15 +318,16 @@ class Engine:
                            "too (lower --max-num-batched-tokens or --mem-fraction-static)", num_tokens)
 
     def capture_prefill_graph(self, num_tokens: int) -> None:
-        """Capture the prefill forward at ``num_tokens`` tokens (engine/prefill_graph.py): prefill steps of exactly
-        that many tokens then replay it. Per ``EngineConfig.prefill_cuda_graph``: by default on a GPU whose decode
-        graphs are on; on a CPU only when asked for (the emulation, for tests)."""
+        """Capture the prefill forward at ``num_tokens`` tokens and a grid of smaller counts (engine/prefill_graph.py):
+        prefill steps are padded up to the next of them and replay its graph. Per ``EngineConfig.prefill_cuda_graph``:
+        by default on a GPU whose decode graphs are on; on a CPU only when asked for (the emulation, for tests)."""
         if why := self._prefill_graph_problem(num_tokens):
             logger.info("prefill steps run eagerly: %s", why)
             return
         try:
             self.prefill_graph = PrefillGraphRunner(self.stream, self.device, self.model, self.attn_backend,
-                                                    num_tokens, self.config.max_running_req, self.dummy_req)
+                                                    prefill_graph_sizes(num_tokens), self.config.max_running_req,
+                                                    self.dummy_req)
         except torch.OutOfMemoryError:
             if self.config.tp_info.size > 1:
                 raise  # as in warm_up_prefill: the ranks must not diverge

@@ -59,7 +59,7 @@ class ManualBatcher:
     def make_batch(self, reqs: List[Req], phase: Literal["prefill", "decode"]) -> Batch:
         engine = self.engine
         batch = Batch(reqs, phase)
-        engine.graph_runner.pad_batch(batch)
+        engine.pad_batch(batch)
         for req in batch.reqs:
             self._allocate(req)
         rows = torch.cat([torch.full((r.extend_len,), r.table_idx, dtype=torch.int64) for r in batch.padded_reqs])

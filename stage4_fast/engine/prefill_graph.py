@@ -1,5 +1,5 @@
-"""One CUDA graph of the decoder stack's prefill forward at one token count: the size chunked prefill fills a
-step to (``max_extend_tokens``).
+"""CUDA graphs of the decoder stack's prefill forward at a grid of token counts up to the size chunked prefill fills
+a step to (``max_extend_tokens``); a step of another count is padded up to the next one.
 
 A prefill step runs eagerly: the host launches every kernel of every layer, 7 per layer and the Python around
 them, 11-23 ms for the Qwen3-0.6B shape whatever the step's size and the host, where an 8,192-token step takes an
@@ -15,17 +15,28 @@ else in the stack is shaped by the token count alone. A replay copies the batch'
 buffers the capture read; the LM head then runs eagerly on the graph's hidden states (its rows, the requests'
 last tokens, depend on the batch).
 
-vLLM captures prefill forwards too (piecewise: the attention outside its graphs, the rest compiled); SGLang has
-piecewise prefill graphs behind ``--enable-piecewise-cuda-graph``. Here the attention is inside, and only the one
-token count is captured: a step of another size (a burst's first and last, a lone short prompt) runs eagerly.
-On CPU, ``EmulatedGraph`` stands in for the graph as for decode (``engine/graph.py``).
+The other token counts: a burst's first and last steps, a lone prompt, an offline run's last step. Each used to
+launch eagerly at a count the process had not run, 27-46 ms of host (``bench/gpu_notes.md``, section 40). Here
+they are padded, as decode batches are (``engine/graph.py``), up to the next size of the grid
+(``prefill_graph_sizes``: every eighth of the step size, then halves down to ``MIN_TOKENS``), so that a padded step
+costs at most an eighth of a full step's device time more (or, below an eighth, what a step of that many tokens
+costs). The padding is dummy prompts of at
+most ``PAD_REQ_TOKENS`` tokens in the padding request's table row, after the batch's own requests: their KV goes
+to the padding slot, which no request reads, and their attention reads nothing of the others'; the LM head only
+takes the batch's own requests' rows. The graphs share one memory pool, captured from the largest down, as
+vLLM's are.
+
+vLLM captures prefill forwards too (piecewise: the attention outside its graphs, the rest compiled, at its
+``cudagraph_capture_sizes``); SGLang has piecewise prefill graphs behind ``--enable-piecewise-cuda-graph``. Here
+the attention is inside. On CPU, ``EmulatedGraph`` stands in for the graphs as for decode (``engine/graph.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Dict, List, Sequence
 
 import torch
 
@@ -74,41 +85,85 @@ def prefill_graph_problem(model: BaseLLMModel, attn_backend: BaseAttnBackend) ->
     return None
 
 
-def padding_prefill_batch(dummy_req: Req, lens: Sequence[int]) -> Batch:
-    """A prefill batch of dummy prompts of ``lens`` tokens, every one in the padding request's table row: the KV it
-    writes goes to the padding slot, which no request reads (the graph's capture, the start-up warm-up)."""
-    reqs = [Req(input_ids=torch.zeros(n, dtype=torch.int32), table_idx=dummy_req.table_idx, cached_len=0,
+# the grid's smallest size: a step below it pads up to it (~0.6 ms of an H200's time at 256 tokens, against the
+# ~11 ms an eager launch of a short prompt's step takes the host)
+MIN_TOKENS = 256
+# the padding's prompts are at most this long: causal attention over each costs its length squared, so one dummy
+# prompt of the whole padding (up to an eighth of a step) would cost more than several short ones
+PAD_REQ_TOKENS = 256
+
+
+def prefill_graph_sizes(max_tokens: int, min_tokens: int = MIN_TOKENS) -> List[int]:
+    """The token counts captured, largest first: every eighth of ``max_tokens`` (a padded step costs at most an
+    eighth of a full one more), then halves of the smallest eighth down to ``min_tokens``; ``max_tokens`` alone
+    when it is no larger than ``min_tokens``."""
+    sizes = {max_tokens}
+    for k in range(1, 8):
+        size = max_tokens * k // 8
+        if size >= min_tokens:
+            sizes.add(size)
+    size = max_tokens // 8
+    while size // 2 >= min_tokens:
+        size //= 2
+        sizes.add(size)
+    return sorted(sizes, reverse=True)
+
+
+def padding_reqs(dummy_req: Req, lens: Sequence[int]) -> List[Req]:
+    """Dummy prompts of ``lens`` tokens, every one in the padding request's table row: the KV they write goes to
+    the padding slot, which no request reads."""
+    return [Req(input_ids=torch.zeros(n, dtype=torch.int32), table_idx=dummy_req.table_idx, cached_len=0,
                 output_len=1, uid=-1 - i, sampling_params=SamplingParams()) for i, n in enumerate(lens)]
-    batch = Batch(reqs=reqs, phase="prefill")
+
+
+def padding_prefill_batch(dummy_req: Req, lens: Sequence[int]) -> Batch:
+    """A prefill batch of dummy prompts of ``lens`` tokens (a graph's capture, the start-up warm-up)."""
+    batch = Batch(reqs=padding_reqs(dummy_req, lens), phase="prefill")
     batch.padded_reqs = batch.reqs
     return batch
 
 
 class PrefillGraphRunner:
     def __init__(self, stream: Stream, device: torch.device, model: BaseLLMModel, attn_backend: BaseAttnBackend,
-                 num_tokens: int, max_reqs: int, dummy_req: Req):
+                 sizes: Sequence[int], max_reqs: int, dummy_req: Req):
         self.stream = stream
         self.device = device
         self.model = model
         self.attn_backend = attn_backend
-        self.num_tokens = num_tokens
+        self.sizes = sorted(sizes, reverse=True)
+        self.max_reqs = max_reqs
+        self.dummy_req = dummy_req
         self.emulated = not is_cuda(device)
-        dummy_slot = int(get_global_ctx().page_table[dummy_req.table_idx, 0])
-        self.buffer = PrefillCaptureBuffer.init(num_tokens, device, dummy_slot)
-        attn_backend.init_prefill_capture(num_tokens, min(max_reqs, num_tokens))
-        self.hidden: torch.Tensor | None = None  # the graph's output: the stack's final hidden states
-        self.graph: Graph = self._capture(dummy_req)
+        self._dummy_slot = int(get_global_ctx().page_table[dummy_req.table_idx, 0])
+        self._pad_reqs: Dict[int, Req] = {}  # dummy prompts by length, made once
+        attn_backend.init_prefill_capture(self.sizes[0], min(max_reqs, self.sizes[0]))
+        self.buffers: Dict[int, PrefillCaptureBuffer] = {}
+        self.hidden: Dict[int, torch.Tensor] = {}  # each graph's output: the stack's final hidden states
+        self.graphs: Dict[int, Graph] = {}
+        pool, start = None, time.perf_counter()
+        for size in self.sizes:  # largest first: the smaller ones reuse its pool's memory
+            self.graphs[size] = self._capture(size, pool)
+            if pool is None and not self.emulated:
+                pool = self.graphs[size].pool()  # type: ignore[attr-defined]
+        if not self.emulated:
+            logger.info("captured CUDA graphs of the prefill forward at %d token counts (%d to %d) in %.1f s",
+                        len(self.sizes), self.sizes[-1], self.sizes[0], time.perf_counter() - start)
 
-    def _capture(self, dummy_req: Req) -> Graph:
+    def _capture(self, num_tokens: int, pool: object) -> Graph:
         """Capture on a batch of one dummy prompt of ``num_tokens`` tokens in the dummy request's table row: every
         KV slot it writes is the padding slot, which no request reads."""
-        batch = padding_prefill_batch(dummy_req, [self.num_tokens])
-        self.buffer.set_batch(batch)
+        buffer = self.buffers[num_tokens] = PrefillCaptureBuffer.init(num_tokens, self.device, self._dummy_slot)
+        batch = padding_prefill_batch(self.dummy_req, [num_tokens])
+        buffer.set_batch(batch)
+
+        def forward() -> None:
+            self.hidden[num_tokens] = self.model.model.forward(buffer.input_ids)  # type: ignore[attr-defined]
+
         with torch.inference_mode(), stream_context(self.stream):
             self.attn_backend.prepare_metadata(batch)
             self.attn_backend.prepare_for_prefill_capture(batch)
             rewire = not self.emulated and rewires_graphs(self.device)
-            graph, _ = capture_graph(self._forward, batch, self.stream, self.emulated, rewire)
+            graph, _ = capture_graph(forward, batch, self.stream, self.emulated, rewire, pool)
             if not self.emulated:
                 # a graph's first launch uploads it to the device: done here rather than in the first real step
                 # (not measured apart: the ~18 ms a process's first step of many requests took with this replay or
@@ -116,22 +171,41 @@ class PrefillGraphRunner:
                 # bench/results/h100-warm-up-step.md); this one writes the padding slot again
                 graph.replay()
                 synchronize(self.device)
-                logger.info("captured a CUDA graph of the %d-token prefill forward", self.num_tokens)
         return graph
 
-    def _forward(self) -> None:
-        self.hidden = self.model.model.forward(self.buffer.input_ids)  # type: ignore[attr-defined]
+    def pad_batch(self, batch: Batch) -> None:
+        """Pad a prefill batch with dummy prompts up to the next captured size, after its own requests; a batch
+        the capture's buffers cannot take with them (too many requests) stays as it is and runs eagerly."""
+        batch.padded_reqs = list(batch.reqs)
+        num_tokens = sum(req.extend_len for req in batch.reqs)
+        size = next((s for s in reversed(self.sizes) if s >= num_tokens), None)
+        if size is None or size == num_tokens:
+            return
+        pad = size - num_tokens
+        lens = [PAD_REQ_TOKENS] * (pad // PAD_REQ_TOKENS) + ([pad % PAD_REQ_TOKENS] if pad % PAD_REQ_TOKENS else [])
+        # the attention's buffers hold min(max_reqs, size) requests, and its work list as many blocks more than
+        # the tokens fill (kernel/triton_attention.py: prefill_block_map_capacity)
+        if len(batch.reqs) + len(lens) > min(self.max_reqs, size):
+            return
+        batch.padded_reqs += [self._pad_req(n) for n in lens]
+
+    def _pad_req(self, num_tokens: int) -> Req:
+        req = self._pad_reqs.get(num_tokens)
+        if req is None:
+            req = self._pad_reqs[num_tokens] = padding_reqs(self.dummy_req, [num_tokens])[0]
+        return req
 
     def can_replay(self, batch: Batch) -> bool:
-        return batch.is_prefill and batch.input_ids.shape[0] == self.num_tokens
+        return batch.is_prefill and batch.input_ids.shape[0] in self.graphs
 
     def replay(self, batch: Batch) -> torch.Tensor:
         """The batch's logits (its requests' last tokens), inside the engine's forward_batch(batch)."""
-        self.buffer.copy_from(batch)
+        num_tokens = batch.input_ids.shape[0]
+        self.buffers[num_tokens].copy_from(batch)
         self.attn_backend.prepare_for_prefill_replay(batch)
-        self.graph.replay()
-        assert self.hidden is not None
-        return self.model.lm_head.forward(self.hidden)  # type: ignore[attr-defined]
+        self.graphs[num_tokens].replay()
+        return self.model.lm_head.forward(self.hidden[num_tokens])  # type: ignore[attr-defined]
 
     def destroy(self) -> None:
-        self.graph.reset()
+        for graph in self.graphs.values():
+            graph.reset()

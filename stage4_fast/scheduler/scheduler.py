@@ -286,7 +286,7 @@ class Scheduler(SchedulerIOMixin):
         return None if batch is None else self._prepare_batch(batch)
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        self.engine.graph_runner.pad_batch(batch)
+        self.engine.pad_batch(batch)
         lens = batch_seq_lens(batch)  # one pass over the requests for everything below and the attention backend
         input_tuple, write_tuple = _make_index_tuples(batch, lens, self.device)
         batch.positions = input_tuple[1].to(torch.int32)

@@ -203,8 +203,9 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--disable-cuda-graph", "--enforce-eager", dest="cuda_graph_max_bs", action="store_const",
                    const=0, default=argparse.SUPPRESS, help="SGLang / vLLM spelling of --cuda-graph-max-bs 0")
     g.add_argument("--disable-prefill-cuda-graph", dest="prefill_cuda_graph", action="store_const", const=False,
-                   default=None, help="launch every prefill step eagerly (default on a GPU: steps of exactly "
-                                      "--max-num-batched-tokens tokens replay a CUDA graph of the prefill forward)")
+                   default=None, help="launch every prefill step eagerly (default on a GPU: every prefill step, "
+                                      "padded up to one of a grid of token counts up to --max-num-batched-tokens, "
+                                      "replays a CUDA graph of the prefill forward)")
     g.add_argument("--num-tokenizer", "--tokenizer-count", dest="num_tokenizer", type=_non_negative_int, default=0,
                    metavar="N", help="tokenizer processes; 0 = one process tokenizes and detokenizes")
 

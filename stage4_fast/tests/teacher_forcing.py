@@ -35,10 +35,11 @@ def hf_reference(path: Path, num_prompts: int, steps: int, seed: int = 0,
 
 
 def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], prefill_graph: bool = False,
-                 **config: Any) -> torch.Tensor:
+                 prefill_padding: int = 0, **config: Any) -> torch.Tensor:
     """The engine's logits for the same steps, fed the forced tokens: [num_prompts, steps, vocab] fp32 on the CPU
     (``config``: EngineConfig fields, overriding the defaults below). ``prefill_graph``: the prompts' prefill step
-    replays a prefill graph captured at its token count (where the engine can capture one).
+    replays a prefill graph captured at its token count (where the engine can capture one), or, with
+    ``prefill_padding``, at that many tokens more: the step is padded with dummy prompts up to it.
     Runs on the engine's device (a CPU too: a dry run of the GPU scripts); TP ranks each call it with their
     ``tp_info`` and the same inputs, so their collectives line up."""
     from stage4_fast.core import SamplingParams, set_global_ctx
@@ -51,7 +52,7 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
     batcher = ManualBatcher(engine)
     reqs = [batcher.add_req(p, SamplingParams(max_tokens=steps)) for p in prompts]
     if prefill_graph:
-        engine.capture_prefill_graph(sum(map(len, prompts)))
+        engine.capture_prefill_graph(sum(map(len, prompts)) + prefill_padding)
     out = torch.empty(len(prompts), steps, engine.config.model_config.vocab_size)
     try:
         phase = "prefill"

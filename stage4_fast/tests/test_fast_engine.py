@@ -83,6 +83,79 @@ def test_the_prefill_warm_up_of_several_requests_replays_the_prefill_graph_and_c
     assert out == hf_generate(qwen3, n=8)
 
 
+def test_prefill_graph_sizes_are_every_eighth_of_the_step_then_halves():
+    from stage4_fast.engine.prefill_graph import prefill_graph_sizes
+
+    assert prefill_graph_sizes(8192) == [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 512, 256]
+    assert prefill_graph_sizes(16384)[-5:] == [4096, 2048, 1024, 512, 256]
+    assert prefill_graph_sizes(300) == [300, 262]
+    assert prefill_graph_sizes(8) == [8]  # no larger than the smallest size: the step's size alone
+
+
+def _bare_prefill_runner(sizes: list, max_reqs: int):
+    """A PrefillGraphRunner with nothing captured: enough for ``pad_batch``."""
+    from stage4_fast.engine.prefill_graph import PrefillGraphRunner
+
+    runner = object.__new__(PrefillGraphRunner)
+    runner.sizes, runner.max_reqs, runner._pad_reqs = sizes, max_reqs, {}
+    runner.dummy_req = Req(input_ids=torch.zeros(1, dtype=torch.int32), table_idx=7, cached_len=0, output_len=1,
+                           uid=-1, sampling_params=SamplingParams())
+    return runner
+
+
+def _prefill_batch(lens: list) -> Batch:
+    reqs = [Req(input_ids=torch.zeros(n, dtype=torch.int32), table_idx=i, cached_len=0, output_len=4, uid=i,
+                sampling_params=SamplingParams()) for i, n in enumerate(lens)]
+    return Batch(reqs=reqs, phase="prefill")
+
+
+@pytest.mark.parametrize("lens, sizes, max_reqs, padding", [
+    ([3, 2], [8, 4], 8, [3]),  # 5 tokens: up to 8
+    ([1, 2], [8, 4], 8, [1]),  # 3 tokens: the smallest size that holds them, 4
+    ([300, 300], [1024, 512], 8, [256, 168]),  # 424 tokens of padding: prompts of at most 256
+    ([4, 4], [8, 4], 8, []),  # a full step: nothing to pad
+    ([5, 4], [8, 4], 8, []),  # more tokens than the largest size (not a step the scheduler makes)
+    ([3, 2], [8, 4], 2, []),  # the capture's buffers hold 2 requests: eager
+    ([3, 2], [8, 4], 3, [3]),  # ... 3: one for the padding
+])
+def test_a_prefill_batch_is_padded_with_short_dummy_prompts_up_to_the_next_captured_size(lens, sizes, max_reqs,
+                                                                                            padding):
+    runner = _bare_prefill_runner(sizes, max_reqs)
+    batch = _prefill_batch(lens)
+    runner.pad_batch(batch)
+    assert batch.padded_reqs[: len(lens)] == batch.reqs  # the batch's own requests first: the LM head's rows
+    pads = batch.padded_reqs[len(lens):]
+    assert [r.extend_len for r in pads] == padding
+    assert all(r.table_idx == 7 and r.cached_len == 0 for r in pads)  # the padding row, from its first position
+
+
+def test_partial_prefill_steps_are_padded_to_a_captured_size_and_match_hf(qwen3, monkeypatch):
+    """Prefill graphs at 8 and 7 tokens: every prefill step replays one of them, the last, shorter one padded, and
+    the tokens are HF's."""
+    pytest.importorskip("triton", reason="the Triton backend needs the triton package")
+    from stage4_fast.engine import engine as engine_module
+    from stage4_fast.engine.prefill_graph import PrefillGraphRunner
+
+    monkeypatch.setattr(engine_module, "prefill_graph_sizes", lambda num_tokens: [num_tokens, num_tokens - 1])
+    replayed: list[tuple[int, int]] = []
+    replay = PrefillGraphRunner.replay
+    monkeypatch.setattr(PrefillGraphRunner, "replay", lambda self, batch: replayed.append(
+        (batch.input_ids.shape[0], batch.padded_size - batch.size)) or replay(self, batch))
+    eager_prefills: list[int] = []
+    forward = engine_module.Engine.forward_logits
+
+    def forward_logits(self, batch):
+        if batch.is_prefill and not self.prefill_graph.can_replay(batch):
+            eager_prefills.append(batch.input_ids.shape[0])
+        return forward(self, batch)
+
+    monkeypatch.setattr(engine_module.Engine, "forward_logits", forward_logits)
+    assert _triton_prefill_graph_run(qwen3) == hf_generate(qwen3)
+    assert eager_prefills == []
+    # 38 prompt tokens: four full steps, then 6 tokens padded to 7
+    assert replayed == [(8, 0)] * 4 + [(7, 1)]
+
+
 def test_prefill_graph_emulation_catches_inputs_or_metadata_not_copied_into_its_buffers(qwen3, monkeypatch):
     from stage4_fast.attention.triton import TritonBackend
     from stage4_fast.engine.prefill_graph import PrefillCaptureBuffer

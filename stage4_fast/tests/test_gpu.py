@@ -425,15 +425,17 @@ def test_bf16_qwen3_shape_teacher_forced_against_hf(backend):
     from .teacher_forcing import hf_reference, stage_logits
 
     prompts, forced, ref = hf_reference(path, num_prompts=4, steps=24)
-    for graphs in (True, False):  # graphs: decode's, and the prefill step's where the backend is Triton's
+    # graphs: decode's, and the prefill step's where the backend is Triton's (padding: that step padded with dummy
+    # prompts up to a graph of 37 tokens more)
+    for graphs, padding in ((True, 0), (True, 37), (False, 0)):
         logits = stage_logits(path, prompts, forced, attention_backend=backend, dtype=torch.bfloat16,
-                              cuda_graph_max_bs=None if graphs else 0, prefill_graph=graphs)
+                              cuda_graph_max_bs=None if graphs else 0, prefill_graph=graphs, prefill_padding=padding)
         rel = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
         top2 = ref.topk(2, dim=-1).values
         clear = (top2[..., 0] - top2[..., 1]) > CLEAR_GAP
         agree = (logits.argmax(-1) == ref.argmax(-1))[clear].float().mean().item()
-        print(f"[{backend} graphs={graphs}] max rel L2 {rel:.4f}, argmax agreement on clear steps {agree:.4f} "
-              f"({int(clear.sum())}/{clear.numel()} clear)")
+        print(f"[{backend} graphs={graphs} padding={padding}] max rel L2 {rel:.4f}, argmax agreement on clear "
+              f"steps {agree:.4f} ({int(clear.sum())}/{clear.numel()} clear)")
         assert rel < REL_L2_BOUND and agree == 1.0
 
 
