@@ -332,13 +332,13 @@ class Engine:
             if self.config.tp_info.size > 1:
                 raise  # as in warm_up_prefill: the ranks must not diverge
             torch.cuda.empty_cache()
-            logger.warning("capturing the %d-token prefill forward ran out of GPU memory: prefill steps run eagerly "
-                           "(lower --mem-fraction-static to leave room for it)", num_tokens)
+            logger.warning("capturing the prefill forward up to %d tokens ran out of GPU memory: prefill steps run "
+                           "eagerly (lower --mem-fraction-static to leave room for it)", num_tokens)
 
     def _prefill_graph_problem(self, num_tokens: int) -> str | None:
         wanted = self.config.prefill_cuda_graph
         if wanted is False or (wanted is None and not is_cuda(self.device)):
-            return "the prefill graph is off"
+            return "prefill graphs are off"
         if self.graph_runner.max_graph_bs == 0:
             return "CUDA graphs are off"
         if self.config.model_config.is_moe:

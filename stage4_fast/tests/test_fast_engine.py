@@ -172,7 +172,7 @@ def test_prefill_graph_emulation_catches_inputs_or_metadata_not_copied_into_its_
 @pytest.mark.parametrize("model, config, why", [
     ("tiny-qwen3", dict(attention_backend="torch"), "not Triton's"),
     ("tiny-qwen3", dict(attention_backend="triton", cuda_graph_max_bs=0), "CUDA graphs are off"),
-    ("tiny-qwen3", dict(attention_backend="triton", prefill_cuda_graph=False), "is off"),
+    ("tiny-qwen3", dict(attention_backend="triton", prefill_cuda_graph=False), "prefill graphs are off"),
     ("tiny-qwen3-moe", dict(attention_backend="triton"), "MoE"),
 ])
 def test_the_prefill_graph_is_captured_only_where_a_launch_depends_on_the_token_count_alone(model, config, why,
