@@ -59,6 +59,10 @@ def stage_logits(path: Path, prompts: List[List[int]], forced: List[List[int]], 
         for step in range(steps):
             set_global_ctx(engine.ctx)
             batch = batcher.make_batch(reqs, phase)
+            if phase == "prefill" and engine.prefill_graph is not None:
+                # the step replays the graph it was meant to, padded by exactly prefill_padding tokens
+                padded = sum(r.extend_len for r in batch.padded_reqs)
+                assert padded == sum(map(len, prompts)) + prefill_padding, padded
             with torch.inference_mode(), stream_context(engine.stream), engine.ctx.forward_batch(batch):
                 logits, _ = engine.forward_logits(batch)
                 out[:, step] = logits[: batch.size].float().cpu()
