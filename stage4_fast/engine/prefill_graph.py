@@ -16,14 +16,13 @@ buffers the capture read; the LM head then runs eagerly on the graph's hidden st
 last tokens, depend on the batch).
 
 The other token counts: a burst's first and last steps, a lone prompt, an offline run's last step. Each used to
-launch eagerly at a count the process had not run, 27-46 ms of host (``bench/gpu_notes.md``, section 40). Here
-they are padded, as decode batches are (``engine/graph.py``), up to the next size of the grid
-(``prefill_graph_sizes``: every eighth of the step size, then halves down to ``MIN_TOKENS``), so that a padded step
-costs at most an eighth of a full step's device time more (or, below an eighth, what a step of that many tokens
-costs). The padding is dummy prompts of at
-most ``PAD_REQ_TOKENS`` tokens in the padding request's table row, after the batch's own requests: their KV goes
-to the padding slot, which no request reads, and their attention reads nothing of the others'; the LM head only
-takes the batch's own requests' rows. The graphs share one memory pool, captured from the largest down, as
+launch eagerly at a count the process had not run, 27-46 ms of host (``bench/gpu_notes.md``, section 40). Here they
+are padded, as decode batches are (``engine/graph.py``), up to the next size of the grid (``prefill_graph_sizes``:
+every eighth of the step size, then halves down to ``MIN_TOKENS``), so that a padded step carries at most an eighth
+of a full step's tokens more (below an eighth, at most as many as its own, or ``MIN_TOKENS``). The padding is dummy
+prompts of at most ``PAD_REQ_TOKENS`` tokens in the padding request's table row, after the batch's own requests:
+their KV goes to the padding slot, which no request reads, and their attention reads nothing of the others'; the LM
+head only takes the batch's own requests' rows. The graphs share one memory pool, captured from the largest down, as
 vLLM's are.
 
 vLLM captures prefill forwards too (piecewise: the attention outside its graphs, the rest compiled, at its
@@ -85,8 +84,9 @@ def prefill_graph_problem(model: BaseLLMModel, attn_backend: BaseAttnBackend) ->
     return None
 
 
-# the grid's smallest size: a step below it pads up to it (~0.6 ms of an H200's time at 256 tokens, against the
-# ~11 ms an eager launch of a short prompt's step takes the host)
+# the grid's smallest size: a step below it pads up to it. Not tuned: 256 tokens are 1/32 of an 8,192-token step
+# (~17.5 ms of device, so well under a millisecond if the time scales with the tokens), against the 11-23 ms an
+# eager launch takes the host
 MIN_TOKENS = 256
 # the padding's prompts are at most this long: causal attention over each costs its length squared, so one dummy
 # prompt of the whole padding (up to an eighth of a step) would cost more than several short ones
@@ -94,8 +94,8 @@ PAD_REQ_TOKENS = 256
 
 
 def prefill_graph_sizes(max_tokens: int, min_tokens: int = MIN_TOKENS) -> List[int]:
-    """The token counts captured, largest first: every eighth of ``max_tokens`` (a padded step costs at most an
-    eighth of a full one more), then halves of the smallest eighth down to ``min_tokens``; ``max_tokens`` alone
+    """The token counts captured, largest first: every eighth of ``max_tokens`` (a padded step carries at most an
+    eighth of a full one's tokens more), then halves of the smallest eighth down to ``min_tokens``; ``max_tokens`` alone
     when it is no larger than ``min_tokens``."""
     sizes = {max_tokens}
     for k in range(1, 8):
