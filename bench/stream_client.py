@@ -10,6 +10,7 @@ took 4.3–5.2 s against 0.37 s for 64 (`python -m bench serve-path --http-clien
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -23,6 +24,10 @@ class LineStream(Protocol):
     def lines(self, url: str, body: dict) -> AsyncIterator[str]:
         """POSTs `body` as JSON and yields the response's lines (an error status raises)."""
 
+    async def open_connections(self, url: str, count: int) -> None:
+        """Opens `count` keep-alive connections to the server (`count` GET /health at once), which the client's
+        pool then lends to the requests that follow."""
+
 
 class _Aiohttp:
     def __init__(self, session) -> None:
@@ -35,6 +40,13 @@ class _Aiohttp:
             async for raw in resp.content:  # one line per item, its newline included
                 yield raw.decode()
 
+    async def open_connections(self, url: str, count: int) -> None:
+        async def probe() -> None:
+            async with self.session.get(url + "/health") as resp:
+                await resp.read()
+
+        await asyncio.gather(*(probe() for _ in range(count)))
+
 
 class _Httpx:
     def __init__(self, client) -> None:
@@ -46,6 +58,9 @@ class _Httpx:
                 raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
             async for line in resp.aiter_lines():
                 yield line
+
+    async def open_connections(self, url: str, count: int) -> None:
+        await asyncio.gather(*(self.client.get(url + "/health") for _ in range(count)))
 
 
 @contextlib.asynccontextmanager

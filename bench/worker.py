@@ -46,7 +46,7 @@ from .adapters import (
     sync,
 )
 from .meta import relative
-from .stream_client import DEFAULT_HTTP_CLIENT, HTTP_CLIENTS, open_client, stream_completion
+from .stream_client import DEFAULT_HTTP_CLIENT, HTTP_CLIENTS, LineStream, open_client, stream_completion
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
 TASKS = ["prefill", "decode", "offline", "offline_warm", "serve", "serve_offline", "shared_prefix", "long_prompt"]
@@ -195,23 +195,31 @@ def task_long_prompt(adapter, sizes: Sizes, vocab: int, device: torch.device) ->
 
 # ---- server tasks ---------------------------------------------------------------------------------------------------
 
-async def _stream_all(url: str, w: Workload, concurrency: int,
-                      http_client: str = DEFAULT_HTTP_CLIENT) -> tuple[list[dict], float, float]:
+async def _stream_all(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT,
+                      warm_connections: bool = False) -> tuple[list[dict], float, float]:
     """`concurrency` clients, each sending its next request as soon as its previous one is done; returns each
-    request's figures and the start and end time (perf_counter: one clock for every process of the machine)."""
+    request's figures and the start and end time (perf_counter: one clock for every process of the machine).
+    `warm_connections`: the clients' connections open before the clock starts (see `_run_burst`)."""
+    async with open_client(http_client, concurrency + 4) as client:
+        if warm_connections:
+            await client.open_connections(url, concurrency)
+        return await _stream_with(client, url, w, concurrency)
+
+
+async def _stream_with(client: LineStream, url: str, w: Workload, concurrency: int) -> tuple[list[dict], float, float]:
     queue: asyncio.Queue = asyncio.Queue()
     for p, o in zip(w.prompts, w.output_lens):
         queue.put_nowait((p, o))
     results: list[dict] = []
-    async with open_client(http_client, concurrency + 4) as client:
-        async def client_loop() -> None:
-            while not queue.empty():
-                p, o = queue.get_nowait()
-                results.append({**await stream_completion(client, url, p, o), "expected": o})
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-        return results, t0, time.perf_counter()
+    async def client_loop() -> None:
+        while not queue.empty():
+            p, o = queue.get_nowait()
+            results.append({**await stream_completion(client, url, p, o), "expected": o})
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return results, t0, time.perf_counter()
 
 
 async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
@@ -219,9 +227,16 @@ async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str
     return {"concurrency": concurrency, "clock_s": [t0, t1], **_summary(results, t1 - t0)}
 
 
-def _client_process(url: str, w: Workload, start: Any, out: Any, http_client: str) -> None:
-    start.wait()  # every client process begins together: one burst
-    out.put(asyncio.run(_stream_all(url, w, len(w.prompts), http_client)))
+def _client_process(url: str, w: Workload, start: Any, out: Any, http_client: str, warm_connections: bool) -> None:
+    async def run() -> tuple[list[dict], float, float]:
+        # the connections open before the barrier, so that no process's clock starts while another still connects
+        async with open_client(http_client, len(w.prompts) + 4) as client:
+            if warm_connections:
+                await client.open_connections(url, len(w.prompts))
+            start.wait()  # every client process begins together: one burst
+            return await _stream_with(client, url, w, len(w.prompts))
+
+    out.put(asyncio.run(run()))
 
 
 def burst_client_processes() -> int:
@@ -231,17 +246,25 @@ def burst_client_processes() -> int:
     return max(1, min(4, physical_cores() // 4))
 
 
-def _run_burst(url: str, w: Workload, processes: int, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
-    """Every request of `w` at once, spread over `processes` client processes (round robin)."""
+def _run_burst(url: str, w: Workload, processes: int, http_client: str = DEFAULT_HTTP_CLIENT,
+               warm_connections: bool = False) -> dict:
+    """Every request of `w` at once, spread over `processes` client processes (round robin).
+
+    `warm_connections`: each client opens its keep-alive connection before the clock starts, as a client that
+    reuses its connection pool does (`vllm bench serve --num-warmups` leaves its connections open the same way).
+    Otherwise each process connects its streams inside the measured time, one after another on its event loop:
+    a process sends its first request only once it has started connecting all of them."""
     if processes <= 1:
-        return {"client_processes": 1, **asyncio.run(_run_clients(url, w, len(w.prompts), http_client))}
+        results, t0, t1 = asyncio.run(_stream_all(url, w, len(w.prompts), http_client, warm_connections))
+        return {"concurrency": len(w.prompts), "client_processes": 1, "clock_s": [t0, t1],
+                **_summary(results, t1 - t0)}
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")  # the parent holds no CUDA state (server jobs load no engine)
     start, out = ctx.Barrier(processes), ctx.Queue()
     parts = [Workload(w.name, w.prompts[i::processes], w.output_lens[i::processes]) for i in range(processes)]
-    procs = [ctx.Process(target=_client_process, args=(url, part, start, out, http_client), daemon=True)
-             for part in parts]
+    procs = [ctx.Process(target=_client_process, args=(url, part, start, out, http_client, warm_connections),
+                         daemon=True) for part in parts]
     for proc in procs:
         proc.start()
     done = [out.get() for _ in procs]

@@ -90,6 +90,39 @@ def test_a_burst_spread_over_client_processes_sends_every_request_once(monkeypat
     assert r["output_tokens"] == sum(w.output_lens) and len(r["ttft_s"]) == 7
 
 
+@pytest.mark.parametrize("processes", [1, 3])
+def test_warm_connections_open_before_the_clock_starts(monkeypatch, processes):
+    """With `warm_connections` each client process opens one connection per stream it runs before its clock starts
+    (so the burst's time holds no connection set-up); without it, none is opened beforehand."""
+    import multiprocessing as mp
+    import time
+
+    opened = mp.get_context("fork").Queue()
+
+    class FakeClient:
+        async def open_connections(self, url, count):
+            opened.put((count, time.perf_counter()))
+
+    @contextlib.asynccontextmanager
+    async def fake_open_client(kind, connections):
+        yield FakeClient()
+
+    async def fake_stream_one(client, url, prompt, max_tokens):
+        await asyncio.sleep(0.01)
+        return {"ttft": 0.01, "itl": [], "tokens": max_tokens, "chunks": 1, "tpot": None, "latency": 0.01}
+
+    monkeypatch.setattr(worker, "open_client", fake_open_client)
+    monkeypatch.setattr(worker, "stream_completion", fake_stream_one)
+    w = worker.serve_workload(SIZES["cpu", True], 49152, 7, seed=2)
+    cold = worker._run_burst("http://fake", w, processes)
+    assert cold["requests"] == 7 and opened.empty()
+    warm = worker._run_burst("http://fake", w, processes, warm_connections=True)
+    calls = [opened.get(timeout=10) for _ in range(processes)]
+    assert warm["requests"] == 7 and opened.empty()
+    assert sorted(count for count, _ in calls) == sorted(len(w.prompts[i::processes]) for i in range(processes))
+    assert all(at < warm["clock_s"][0] for _, at in calls)
+
+
 @pytest.mark.parametrize(("stage", "http_client"), [("stage3_served", "httpx"), ("stage4_fast", "aiohttp")])
 def test_serve_path_runs_the_real_server_with_the_stub_scheduler(stage, http_client, tmp_path):
     """`python -m bench serve-path` starts the stage's server with its scheduler entry replaced by a stub: the stub
