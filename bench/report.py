@@ -166,7 +166,9 @@ def ablation_rows(results: dict) -> list[dict]:
                                                      "tpot_p50_s", "tpot_p99_s")}
         out.append({"name": name, "stage": "stage4_fast",
                     "workload": f"{y['workload']}, all at once as streamed /v1/completions "
-                                f"({y.get('client_processes', 1)} client processes); model "
+                                f"({y.get('client_processes', 1)} client processes"
+                                + (", connections open before the clock" if y.get("warm_connections") else "")
+                                + "); model "
                                 f"{results['jobs'][key_served]['result']['model']}",
                     "off": f"offline `LLM.generate`: {x['tok_s']:,.0f} out tok/s",
                     "on": f"server: {y['tok_s']:,.0f} out tok/s; TTFT p50/p99 {ms['ttft_p50_s']:,.0f} / "

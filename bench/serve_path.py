@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-args", default="", help="more flags for the server, e.g. '--page-size 16'")
     ap.add_argument("--client-procs", type=int, default=1, help="client processes the burst is spread over")
     ap.add_argument("--http-client", choices=HTTP_CLIENTS, default=DEFAULT_HTTP_CLIENT, help="the clients' library")
-    ap.add_argument("--warm-connections", action="store_true",
-                    help="the clients open their keep-alive connections before the clock starts")
+    ap.add_argument("--cold-connections", action="store_true",
+                    help="the clients connect inside the measured time (default: before it, as the GPU benchmark)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
     args, rest = ap.parse_known_args(argv)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
         before, ttft_before = cpu(), server_ttft_buckets(url)
         w = Workload("burst", prompts(args.requests), [args.output_len] * args.requests)
-        r = _run_burst(url, w, args.client_procs, args.http_client, args.warm_connections)
+        r = _run_burst(url, w, args.client_procs, args.http_client, not args.cold_connections)
         after = cpu()
         ttft_buckets = burst_ttft_buckets(url, ttft_before, r["ttft_s"])
     finally:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = r["output_tokens"]
     res = {"requests": args.requests, "output_len": args.output_len, "step_ms": args.step_ms,
            "http_client": args.http_client, "client_processes": args.client_procs, "served_model": served_model,
-           "warm_connections": args.warm_connections,
+           "warm_connections": not args.cold_connections,
            "server_args": args.server_args, "seconds": r["seconds"], "output_tokens": tokens, "tok_s": r["tok_s"],
            "chunks_per_token": r["chunks_per_token"], "wrong_lengths": r["wrong_lengths"],
            "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),

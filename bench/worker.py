@@ -319,19 +319,20 @@ def task_serve(stage: str, model: str, sizes: Sizes, vocab: int, dtype: str, log
 
 
 def task_serve_offline(stage: str, model: str, w: Workload, vocab: int, dtype: str, log: Path,
-                       options: dict, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
+                       options: dict, http_client: str = DEFAULT_HTTP_CLIENT, warm_connections: bool = True) -> dict:
     with launch_server(stage, model, log, dtype, **options) as url:
         # warm up on a prompt outside the workload (the workload's own first prompt would then come from the cache)
         asyncio.run(_run_clients(url, Workload("warm-up", [random_prompt(vocab, 16, seed=9)], [4]), 1))
         server = server_processes(getattr(url, "pid", None))
         before, ttft_before = cpu_seconds(server), server_ttft_buckets(url)
-        r = _run_burst(url, w, burst_client_processes(), http_client)
+        r = _run_burst(url, w, burst_client_processes(), http_client, warm_connections)
         # how busy each server process was during the burst: one near 100 % is where the serving path saturates
         busy = {role: (t - before[role]) / max(r["seconds"], 1e-9) for role, t in cpu_seconds(server).items()}
         ttft_buckets = burst_ttft_buckets(url, ttft_before, r["ttft_s"])
     return {"workload": w.note, "seconds": r["seconds"], "output_tokens": r["output_tokens"], "tok_s": r["tok_s"],
             "wrong_lengths": r["wrong_lengths"], "chunks_per_token": r["chunks_per_token"],
             "client_processes": r["client_processes"], "http_client": http_client, "server_cpu_busy": busy,
+            "warm_connections": warm_connections,
             "clock_s": r["clock_s"],  # perf_counter: aligns with the scheduler's MINISGL_STEP_LOG lines
             "ttft_buckets": ttft_buckets,
             **{f"{k}_p{q}_s": _quantile(r[f"{k}_s"], q / 100) for k in ("ttft", "itl", "tpot") for q in (50, 99)}}
@@ -457,7 +458,8 @@ def run(args: argparse.Namespace) -> dict:
         elif t == "serve":
             r = task_serve(args.stage, args.model, sizes, vocab, dtype_name, log, options)
         else:
-            r = task_serve_offline(args.stage, args.model, w, vocab, dtype_name, log, options, args.http_client)
+            r = task_serve_offline(args.stage, args.model, w, vocab, dtype_name, log, options, args.http_client,
+                                   not args.cold_connections)
         result["tasks"][t] = r
     return result
 
@@ -475,6 +477,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--log", default=None, help="where a launched server writes its output")
     ap.add_argument("--http-client", choices=HTTP_CLIENTS, default=DEFAULT_HTTP_CLIENT,
                     help="the burst's client library (serve_offline)")
+    ap.add_argument("--cold-connections", action="store_true",
+                    help="the burst's clients connect inside the measured time (default: before it)")
     args = ap.parse_args(argv)
     if args.stage not in LLM_STAGES and any(t in ("shared_prefix", "long_prompt") for t in args.task.split(",")):
         raise SystemExit(f"{args.stage} has no scheduler: shared_prefix / long_prompt need stage2+")

@@ -43,7 +43,7 @@ from .protocol import (
     usage_dict,
 )
 from .reasoning import ReasoningStream, split_reasoning
-from .stream import Delta
+from .stream import Delta, DeltaStream
 from .tokenize_api import add_tokenize_routes
 from .tool_calls import ToolCallReader, forced_schema
 
@@ -328,6 +328,19 @@ def _add_routes(app: FastAPI) -> None:
             raise _unavailable(fm.dead_reason)
         return fm
 
+    def submit_choices(prompts: Sequence[object], params: SamplingParams, n: int, stops: List[str],
+                       chat_options: Dict[str, Any] | None = None, keep_stop: bool = False,
+                       user: str | None = None) -> List[DeltaStream]:
+        """Every choice submitted now (``open_choices``); a refusal becomes the client's 4xx / 503."""
+        fm = frontend()
+        if len(prompts) * n > fm.max_requests:  # could never be admitted at once: a 503 would ask for a vain retry
+            raise APIError(400, f"{len(prompts) * n} choices (n times the prompts) exceed the {fm.max_requests} "
+                           "requests this server admits at once", "invalid_value", param="n")
+        try:
+            return open_choices(fm, prompts, params, n, stops, chat_options, keep_stop, user)
+        except (RequestRejected, BackendUnavailable, QueueFull) as e:
+            raise _backend_error(e) from None
+
     @app.get("/health", responses=error_responses(503))
     async def health() -> Dict[str, str]:
         frontend()
@@ -373,8 +386,8 @@ def _add_routes(app: FastAPI) -> None:
         model = _check_model(app, req.model)
         params = _sampling_params(app, req, req.max_tokens, logprobs=req.logprobs, echo=req.echo)
         prompts = req.prompts()
-        streams = open_choices(frontend(), prompts, params, req.n, req.stop_list(),
-                               keep_stop=req.include_stop_str_in_output, user=req.user)
+        streams = submit_choices(prompts, params, req.n, req.stop_list(), keep_stop=req.include_stop_str_in_output,
+                                 user=req.user)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         logprob_builders = [CompletionLogprobs() for _ in streams]
 
@@ -407,8 +420,8 @@ def _add_routes(app: FastAPI) -> None:
         if reader is not None and reader.mode == "auto":
             params = replace(params, skip_special_tokens=False)  # a model's <tool_call> may be a special token
         messages = [m.for_template() for m in req.messages]
-        streams = open_choices(frontend(), [messages], params, req.n, req.stop_list(), req.chat_options(),
-                               req.include_stop_str_in_output, req.user)
+        streams = submit_choices([messages], params, req.n, req.stop_list(), req.chat_options(),
+                                 req.include_stop_str_in_output, req.user)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         # the thinking block first (--reasoning-parser; SGLang's separate_reasoning false keeps it in the content),
         # then tool calls in what follows it
@@ -470,10 +483,6 @@ def _add_routes(app: FastAPI) -> None:
 
     async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIterator[Delta]], choice, chunk,
                        rid: str, created: int, model: str, chat: bool) -> Response:
-        limit = frontend().max_requests
-        if len(streams) > limit:  # could never be admitted at once: a 503 would ask the client to retry in vain
-            raise APIError(400, f"{len(streams)} choices (n times the prompts) exceed the {limit} requests this "
-                           "server admits at once", "invalid_value", param="n")
         firsts = await _start(request, streams)
         obj = "chat.completion" if chat else "text_completion"
         if req.stream:
@@ -499,7 +508,7 @@ def _add_routes(app: FastAPI) -> None:
         """Upstream's endpoint: greedy. Streamed events carry ``{"text": ...}`` (upstream wrote the raw text after
         ``data:``, which breaks on newlines)."""
         params = _sampling_params(app, SamplingFields(temperature=0.0, ignore_eos=req.ignore_eos), req.max_tokens)
-        streams = open_choices(frontend(), [req.prompt], params, 1, [])
+        streams = submit_choices([req.prompt], params, 1, [])
         firsts = await _start(request, streams)
         if not req.stream:
             d = (await _collect(request, firsts, streams))[0]

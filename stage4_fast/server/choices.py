@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Dict, List, Sequence, Tuple
 from ..core import SamplingParams
 from ..message import TextLogprobs
 from .frontend import BackendUnavailable, FrontendManager
-from .stream import Delta, generate_deltas
+from .stream import Delta, DeltaStream, generate_deltas
 
 
 def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
@@ -27,12 +27,20 @@ def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
 
 def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: SamplingParams, n: int,
                  stops: List[str], chat_options: Dict[str, Any] | None = None,
-                 keep_stop: bool = False, user: str | None = None) -> List[AsyncIterator[Delta]]:
-    """The delta streams of every choice, in choice order. Nothing is submitted before a stream is first
-    awaited (``first_deltas`` awaits them all together)."""
-    per_sample = choice_params(params, n)
-    return [generate_deltas(frontend, prompt, p, stops, chat_options, keep_stop, params.min_tokens, user)
-            for prompt in prompts for p in per_sample]
+                 keep_stop: bool = False, user: str | None = None) -> List[DeltaStream]:
+    """Submit every choice now and return their delta streams, in choice order. If one cannot be submitted (a full
+    queue, a dead backend), those before it are aborted and its error is raised."""
+    streams: List[DeltaStream] = []
+    try:
+        for prompt in prompts:
+            for p in choice_params(params, n):
+                streams.append(generate_deltas(frontend, prompt, p, stops, chat_options, keep_stop,
+                                               params.min_tokens, user))
+    except BaseException:
+        for stream in streams:
+            frontend.abandon(stream.uid)
+        raise
+    return streams
 
 
 async def close_all(streams: Sequence[AsyncIterator[Delta]]) -> None:
@@ -42,8 +50,8 @@ async def close_all(streams: Sequence[AsyncIterator[Delta]]) -> None:
 
 
 async def first_deltas(streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
-    """Submit every choice and wait for each one's first delta; if any is refused, close them all and raise the
-    first refusal (the client gets its 4xx)."""
+    """Wait for every choice's first delta; if any is refused, close them all and raise the first refusal (the
+    client gets its 4xx)."""
     results = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:

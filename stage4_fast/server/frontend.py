@@ -166,6 +166,16 @@ class FrontendManager:
             if self.request_log is not None and started is not None:
                 self.request_log.ended(uid, final, finished, backend_gone, time.perf_counter() - started)
 
+    def abandon(self, uid: int) -> None:
+        """A submitted request whose replies were never read (its handler failed, or its client left, before the
+        first await): removed and aborted, as ``replies`` does when its reader stops."""
+        started = self.submit_time.get(uid)
+        if uid not in self.ack_map:
+            return
+        self.abort_user(uid)
+        if self.request_log is not None and started is not None:
+            self.request_log.ended(uid, None, False, False, time.perf_counter() - started)
+
     def _release(self, uid: int) -> None:
         if self.submit_time.pop(uid, None) is not None:
             self.num_requests -= 1

@@ -183,3 +183,53 @@ def test_replies_that_queued_up_reach_the_client_as_one_chunk():
     # min_tokens with stop strings: the replies of the first min_tokens tokens are not merged with later ones
     assert _replies_seen_by_the_stream(queued[:2] + [("c", True, "length", 3, 3)], keep_apart_after=1) == [
         ("a", False, 1, None), ("bc", True, 3, None)]
+
+
+def _frontend_that_records(max_requests: int | None = None):
+    """A FrontendManager (in a running loop) whose messages to the tokenizer are recorded instead of sent."""
+    from stage4_fast.server.args import ServerArgs
+    from stage4_fast.server.frontend import FrontendManager
+
+    fm = FrontendManager(ServerArgs(model_path="unused", _unique_suffix=f".submit-test-{time.monotonic_ns()}"))
+    if max_requests is not None:
+        fm.max_requests = max_requests
+    sent: list[tuple[int, str]] = []
+    fm._send = lambda uid, msg: sent.append((uid, type(msg).__name__))
+    return fm, sent
+
+
+def test_choices_are_submitted_before_the_handler_awaits_and_aborted_if_never_read():
+    """A burst's requests reach the scheduler as their handlers run: submitting when a stream was first awaited
+    (through the disconnect watch's task and the choices' gather) queued every submission behind the event loop's
+    other work, ~110 ms after the first handler ran on a 2-core machine. A stream closed unread aborts its request."""
+    from stage4_fast.core import SamplingParams
+    from stage4_fast.server.choices import close_all, open_choices
+
+    async def run() -> None:
+        fm, sent = _frontend_that_records()
+        streams = open_choices(fm, ["a prompt"], SamplingParams(max_tokens=4), 2, [])
+        assert [kind for _, kind in sent] == ["TokenizeMsg", "TokenizeMsg"]  # no await has run yet
+        assert fm.num_requests == 2
+        await close_all(streams)  # e.g. the client left before the first reply was awaited
+        uids = [s.uid for s in streams]
+        assert sorted(sent) == sorted([(u, "TokenizeMsg") for u in uids] + [(u, "AbortMsg") for u in uids])
+        assert fm.num_requests == 0 and not fm.ack_map
+        fm.shutdown()
+
+    asyncio.run(run())
+
+
+def test_a_refused_choice_aborts_the_choices_submitted_before_it():
+    from stage4_fast.core import SamplingParams
+    from stage4_fast.server.choices import open_choices
+    from stage4_fast.server.frontend import QueueFull
+
+    async def run() -> None:
+        fm, sent = _frontend_that_records(max_requests=1)
+        with pytest.raises(QueueFull):
+            open_choices(fm, ["a prompt"], SamplingParams(max_tokens=4), 2, [])
+        assert [kind for _, kind in sent] == ["TokenizeMsg", "AbortMsg"] and sent[0][0] == sent[1][0]
+        assert fm.num_requests == 0 and not fm.ack_map
+        fm.shutdown()
+
+    asyncio.run(run())
