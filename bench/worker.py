@@ -222,8 +222,9 @@ async def _stream_with(client: LineStream, url: str, w: Workload, concurrency: i
     return results, t0, time.perf_counter()
 
 
-async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT) -> dict:
-    results, t0, t1 = await _stream_all(url, w, concurrency, http_client)
+async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT,
+                       warm_connections: bool = False) -> dict:
+    results, t0, t1 = await _stream_all(url, w, concurrency, http_client, warm_connections)
     return {"concurrency": concurrency, "clock_s": [t0, t1], **_summary(results, t1 - t0)}
 
 
@@ -255,9 +256,8 @@ def _run_burst(url: str, w: Workload, processes: int, http_client: str = DEFAULT
     Otherwise each process connects its streams inside the measured time, one after another on its event loop:
     a process sends its first request only once it has started connecting all of them."""
     if processes <= 1:
-        results, t0, t1 = asyncio.run(_stream_all(url, w, len(w.prompts), http_client, warm_connections))
-        return {"concurrency": len(w.prompts), "client_processes": 1, "clock_s": [t0, t1],
-                **_summary(results, t1 - t0)}
+        return {"client_processes": 1,
+                **asyncio.run(_run_clients(url, w, len(w.prompts), http_client, warm_connections))}
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")  # the parent holds no CUDA state (server jobs load no engine)

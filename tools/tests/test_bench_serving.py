@@ -20,7 +20,7 @@ def test_serve_runs_never_repeat_a_prompt(monkeypatch):
     the 16-client run look faster: the warm-up and every run must send prompts of their own."""
     sent: list[tuple[int, ...]] = []
 
-    async def fake_run_clients(url, w, concurrency, http_client=None):
+    async def fake_run_clients(url, w, concurrency, http_client=None, warm_connections=False):
         sent.extend(tuple(p) for p in w.prompts)
         return {"concurrency": concurrency, "clock_s": [0.0, 1.0], **worker._summary([], 1.0)}
 

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _args(tasks: str, model: str) -> argparse.Namespace:
     return argparse.Namespace(task=tasks, stage="stage4_fast", model=model, options="{}", quick=True, gpu=False,
-                              log=None, http_client="aiohttp")
+                              log=None, http_client="aiohttp", cold_connections=False)
 
 
 def test_engine_collected_before_a_server_task(monkeypatch):
