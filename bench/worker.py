@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,7 +46,7 @@ from .adapters import (
     sync,
 )
 from .meta import relative
-from .stream_client import DEFAULT_HTTP_CLIENT, HTTP_CLIENTS, LineStream, open_client, stream_completion
+from .stream_client import DEFAULT_HTTP_CLIENT, HTTP_CLIENTS, open_client, stream_completion
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
 TASKS = ["prefill", "decode", "offline", "offline_warm", "serve", "serve_offline", "shared_prefix", "long_prompt"]
@@ -196,30 +196,30 @@ def task_long_prompt(adapter, sizes: Sizes, vocab: int, device: torch.device) ->
 # ---- server tasks ---------------------------------------------------------------------------------------------------
 
 async def _stream_all(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT,
-                      warm_connections: bool = False) -> tuple[list[dict], float, float]:
+                      warm_connections: bool = False,
+                      before_clock: Callable[[], Any] | None = None) -> tuple[list[dict], float, float]:
     """`concurrency` clients, each sending its next request as soon as its previous one is done; returns each
     request's figures and the start and end time (perf_counter: one clock for every process of the machine).
-    `warm_connections`: the clients' connections open before the clock starts (see `_run_burst`)."""
-    async with open_client(http_client, concurrency + 4) as client:
-        if warm_connections:
-            await client.open_connections(url, concurrency)
-        return await _stream_with(client, url, w, concurrency)
-
-
-async def _stream_with(client: LineStream, url: str, w: Workload, concurrency: int) -> tuple[list[dict], float, float]:
+    `warm_connections`: the clients' connections open before the clock starts (see `_run_burst`);
+    `before_clock`: called after that, right before the clock starts."""
     queue: asyncio.Queue = asyncio.Queue()
     for p, o in zip(w.prompts, w.output_lens):
         queue.put_nowait((p, o))
     results: list[dict] = []
+    async with open_client(http_client, concurrency + 4) as client:
+        if warm_connections:
+            await client.open_connections(url, concurrency)
+        if before_clock is not None:
+            before_clock()
 
-    async def client_loop() -> None:
-        while not queue.empty():
-            p, o = queue.get_nowait()
-            results.append({**await stream_completion(client, url, p, o), "expected": o})
+        async def client_loop() -> None:
+            while not queue.empty():
+                p, o = queue.get_nowait()
+                results.append({**await stream_completion(client, url, p, o), "expected": o})
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-    return results, t0, time.perf_counter()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+        return results, t0, time.perf_counter()
 
 
 async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str = DEFAULT_HTTP_CLIENT,
@@ -229,15 +229,9 @@ async def _run_clients(url: str, w: Workload, concurrency: int, http_client: str
 
 
 def _client_process(url: str, w: Workload, start: Any, out: Any, http_client: str, warm_connections: bool) -> None:
-    async def run() -> tuple[list[dict], float, float]:
-        # the connections open before the barrier, so that no process's clock starts while another still connects
-        async with open_client(http_client, len(w.prompts) + 4) as client:
-            if warm_connections:
-                await client.open_connections(url, len(w.prompts))
-            start.wait()  # every client process begins together: one burst
-            return await _stream_with(client, url, w, len(w.prompts))
-
-    out.put(asyncio.run(run()))
+    # every client process begins together (one burst), each once its connections are open: no process's clock
+    # starts while another still connects
+    out.put(asyncio.run(_stream_all(url, w, len(w.prompts), http_client, warm_connections, before_clock=start.wait)))
 
 
 def burst_client_processes() -> int:
