@@ -178,6 +178,11 @@ def statement_runs(tree: ast.Module | None, lo: int, hi: int) -> List[Tuple[int,
                 visit(b)
 
     visit(tree.body)
+    return _join(spans, lo, hi)
+
+
+def _join(spans: List[Tuple[int, int]], lo: int, hi: int) -> List[Tuple[int, int]]:
+    """Statement spans -> runs that cover [lo, hi): lines between statements join the run after them."""
     runs, begin = [], lo
     for _, e in sorted(spans):
         if e > begin:
@@ -186,6 +191,23 @@ def statement_runs(tree: ast.Module | None, lo: int, hi: int) -> List[Tuple[int,
     if begin < hi:
         runs = runs[:-1] + [(runs[-1][0], hi)] if runs else [(begin, hi)]
     return runs
+
+
+def definition_runs(tree: ast.Module | None, n: int) -> List[Tuple[int, int]]:
+    """A new file's n lines as runs: each top-level statement, a class as its header and each statement of its body
+    (so `core.py::Req` and `scheduler/scheduler.py::Scheduler.overlap_loop` can be two topics' parts of one new
+    file); comments and blank lines join the run after them."""
+    if tree is None or n <= 1:
+        return [(0, n)] if n else []
+    spans: List[Tuple[int, int]] = []
+    for node in tree.body:
+        s, e = _start(node), node.end_lineno or node.lineno
+        if isinstance(node, ast.ClassDef) and node.body:
+            spans.append((s, _start(node.body[0])))
+            spans += [(_start(b), b.end_lineno or b.lineno) for b in node.body]
+        else:
+            spans.append((s, e))
+    return _join([(a, b) for a, b in spans if b > a], 0, n)
 
 
 def _pair(old: List[str], new: List[str], old_runs: list, new_runs: list) -> List[Tuple[tuple | None, tuple | None]]:
@@ -249,6 +271,12 @@ def _hunks(path: str, old: List[str], new: List[str], whole_file: bool) -> List[
     new_tree = _parse(new) if is_py and not whole_file else None
     known = set(old_owners)
     hunks = []
+    if whole_file and not old and new:  # a new file: its definitions are hunks of their own
+        for b1, b2 in definition_runs(_parse(new) if is_py else None, len(new)):
+            symbols = {new_owners[j] for j in range(b1, b2) if new[j].strip()} or {""}
+            hunks.append(Hunk(path, (0, 0), (b1, b2), [], new[b1:b2], frozenset(symbols),
+                              frozenset(s for s in symbols if s), new_file=True))
+        return hunks
     for i1, i2, j1, j2 in _slide(difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes(), old, new,
                                  old_tree, new_tree):
         at_old, at_new = i1, j1
@@ -341,14 +369,18 @@ class Chapter:
     stage: int  # the later stage of the pair (stage - 1 -> stage)
     topics: Dict[str, Topic]
 
-    def owners(self, hunk: Hunk) -> List[str]:
-        """The topics a hunk belongs to: those with a hunk selector for it; else those naming its file exactly; else
-        those claiming it with a wildcard (so `attention/*` and `attention/hybrid_linear.py` can be two topics')."""
+    def winning_claims(self, hunk: Hunk) -> List[Claim]:
+        """The claims that decide a hunk's topic: its hunk selectors; else the selectors naming its file exactly; else
+        the wildcards claiming it (so `attention/*` and `attention/hybrid_linear.py` can be two topics')."""
         for rank in ("hunk", "exact", "wildcard"):
-            found = [t.name for t in self.topics.values() if any(c.rank == rank and c.covers(hunk) for c in t.claims)]
+            found = [c for t in self.topics.values() for c in t.claims if c.rank == rank and c.covers(hunk)]
             if found:
                 return found
         return []
+
+    def owners(self, hunk: Hunk) -> List[str]:
+        """The topics a hunk belongs to (see winning_claims): exactly one in a consistent map."""
+        return list(dict.fromkeys(c.topic for c in self.winning_claims(hunk)))
 
     def topic(self, name: str) -> Topic:
         if name not in self.topics:
@@ -470,9 +502,33 @@ def unclaimed_message(chapter: Chapter, prev: str, this: str, fd: FileDiff, hunk
     ])
 
 
+def double_claim_message(chapter: Chapter, this: str, hunk: Hunk) -> str:
+    """A hunk that two topics claim at the same rank: `diff --topic` would show it in both."""
+    where = "a new file" if hunk.new_file else ", ".join(sorted(s for s in hunk.symbols if s)) or "module level"
+    claims = chapter.winning_claims(hunk)
+    by = "; ".join(f"[stage{chapter.stage}.{c.topic}] {c.text!r}" for c in claims)
+    first = next((line.strip() for line in hunk.changed if line.strip()), "")
+    return (f"{this}/{hunk.location()} ({where}): claimed by two topics of stage {chapter.stage}'s chapter: {by}\n"
+            f"    {first[:100]}\n"
+            f"  one topic only: narrow a selector in {MAP_NAME} (a hunk selector of one topic, or a regex that the "
+            "other's hunk does not match)")
+
+
+def double_file_claims(chapter: Chapter) -> List[str]:
+    """Two topics naming one file exactly: which of them owns a hunk no hunk selector takes would be a coin toss."""
+    named: Dict[str, List[str]] = {}
+    for topic in chapter.topics.values():
+        for claim in topic.claims:
+            if claim.rank == "exact" and topic.name not in named.setdefault(claim.glob, []):
+                named[claim.glob].append(topic.name)
+    return [f"{MAP_NAME}: {path!r} is claimed as a whole file by two topics of stage {chapter.stage}'s chapter: "
+            f"{', '.join(names)} (keep it in one; hand single hunks to the others with hunk selectors)"
+            for path, names in named.items() if len(names) > 1]
+
+
 def drift(repo: Path = REPO) -> List[str]:
-    """Every change between adjacent stages must belong to the later stage's chapter, and every selector of the map
-    must still select something (a stale one would hide a future drift)."""
+    """Every change between adjacent stages must belong to exactly one topic of the later stage's chapter, and every
+    selector of the map must still select something (a stale one would hide a future drift)."""
     chapters = load_map(repo)
     dirs = stage_dirs(repo)
     problems = [f"{MAP_NAME}: [stage{n}] names no stage folder" for n in chapters if n not in dirs]
@@ -487,8 +543,12 @@ def drift(repo: Path = REPO) -> List[str]:
         for fd in pair_diff(repo, b - 1, b, include="drift"):
             for hunk in fd.hunks:
                 used |= {c for t in chapter.topics.values() for c in t.claims if c.covers(hunk)}
-                if not chapter.owners(hunk):
+                owners = chapter.owners(hunk)
+                if not owners:
                     problems.append(unclaimed_message(chapter, prev, this, fd, hunk))
+                elif len(owners) > 1:
+                    problems.append(double_claim_message(chapter, this, hunk))
+        problems += double_file_claims(chapter)
         for topic in chapter.topics.values():
             for claim in topic.claims:
                 if claim not in used:
