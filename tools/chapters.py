@@ -12,8 +12,11 @@ folders):
 * ``"engine/engine.py::Engine._num_pages"`` — the hunks inside that class or function (or anything nested in it);
 * ``'server/args.py~--tp|tp_split_problem'`` — the hunks of that file with a changed line matching the regex.
 
-A hunk is one run of changed lines (no context). Hunk selectors win over whole-file ones, so a file shared by
-several topics can name one topic as its default owner and hand single hunks to others.
+A hunk is one run of changed lines (no context); in a new file, each top-level statement and each member of a
+class is one. Hunk selectors win over whole-file ones, so a file shared by several topics can name one topic as its
+default owner and hand single hunks to others. ``"!selector"`` takes hunks out of its topic's claims: a broad regex
+of one topic can leave a hunk to another. Every hunk belongs to exactly one topic (`drift` reports a hunk two
+topics claim at the same rank, and a file two topics claim whole).
 """
 
 from __future__ import annotations
@@ -152,11 +155,13 @@ def _start(node: ast.AST) -> int:
     return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
 
 
-def statement_runs(tree: ast.Module | None, lo: int, hi: int) -> List[Tuple[int, int]]:
+def statement_runs(tree: ast.Module | None, lo: int, hi: int, lines: List[str] | None = None
+                   ) -> List[Tuple[int, int]]:
     """Split the changed lines [lo, hi) into runs of whole statements: each statement that lies inside them is one
     run (a new function is one run, two flags added side by side are two); a compound statement they cut through
-    gives its header and, recursively, its body's statements. Lines in no statement (comments, blank lines, `else:`)
-    join the run after them."""
+    gives its header and, recursively, its body's statements; with the file's lines, a docstring they cut through
+    gives its paragraphs (two topics' paragraphs added to a module's docstring). Lines in no statement (comments,
+    blank lines, `else:`) join the run after them."""
     if tree is None or hi - lo <= 1:
         return [(lo, hi)] if hi > lo else []
     spans: List[Tuple[int, int]] = []
@@ -168,6 +173,9 @@ def statement_runs(tree: ast.Module | None, lo: int, hi: int) -> List[Tuple[int,
                 continue
             bodies = [b for f in ("body", "orelse", "finalbody", "handlers")
                       if isinstance(b := getattr(node, f, None), list) and b and hasattr(b[0], "lineno")]
+            if lines is not None and not (lo <= s and e <= hi) and _is_docstring(node):
+                spans.extend(_paragraphs(lines, max(s, lo), min(e, hi)))
+                continue
             if (lo <= s and e <= hi) or not bodies:
                 spans.append((max(s, lo), min(e, hi)))
                 continue
@@ -179,6 +187,16 @@ def statement_runs(tree: ast.Module | None, lo: int, hi: int) -> List[Tuple[int,
 
     visit(tree.body)
     return _join(spans, lo, hi)
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _paragraphs(lines: List[str], lo: int, hi: int) -> List[Tuple[int, int]]:
+    """Lines [lo, hi) of a string as paragraphs: a blank line starts the next one."""
+    starts = [lo] + [i for i in range(lo + 1, hi) if not lines[i].strip() and lines[i - 1].strip()]
+    return [(a, b) for a, b in zip(starts, starts[1:] + [hi])]
 
 
 def _join(spans: List[Tuple[int, int]], lo: int, hi: int) -> List[Tuple[int, int]]:
@@ -280,7 +298,7 @@ def _hunks(path: str, old: List[str], new: List[str], whole_file: bool) -> List[
     for i1, i2, j1, j2 in _slide(difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes(), old, new,
                                  old_tree, new_tree):
         at_old, at_new = i1, j1
-        pairs = _pair(old, new, statement_runs(old_tree, i1, i2), statement_runs(new_tree, j1, j2))
+        pairs = _pair(old, new, statement_runs(old_tree, i1, i2, old), statement_runs(new_tree, j1, j2, new))
         for old_run, new_run in pairs:
             (a1, a2), (b1, b2) = old_run or (at_old, at_old), new_run or (at_new, at_new)
             at_old, at_new = a2, b2
@@ -321,20 +339,22 @@ class Claim:
     glob: str
     symbol: str = ""
     pattern: str = ""
+    exclude: bool = False  # "!selector": the topic's other selectors do not take these hunks
 
     @classmethod
     def parse(cls, topic: str, text: str) -> Claim:
-        sym_at, pat_at = text.find("::"), text.find("~")
+        body, exclude = (text[1:], True) if text.startswith("!") else (text, False)
+        sym_at, pat_at = body.find("::"), body.find("~")
         if pat_at >= 0 and (sym_at < 0 or pat_at < sym_at):
-            glob, pattern = text[:pat_at], text[pat_at + 1 :]
+            glob, pattern = body[:pat_at], body[pat_at + 1 :]
             try:
                 re.compile(pattern)
             except re.error as exc:
                 raise StageError(f"{MAP_NAME}: topic {topic!r}: bad regex in {text!r}: {exc}") from exc
-            return cls(topic, text, glob, pattern=pattern)
+            return cls(topic, text, glob, pattern=pattern, exclude=exclude)
         if sym_at >= 0:
-            return cls(topic, text, text[:sym_at], symbol=text[sym_at + 2 :])
-        return cls(topic, text, text)
+            return cls(topic, text, body[:sym_at], symbol=body[sym_at + 2 :], exclude=exclude)
+        return cls(topic, text, body, exclude=exclude)
 
     @property
     def per_hunk(self) -> bool:
@@ -372,8 +392,9 @@ class Chapter:
     def winning_claims(self, hunk: Hunk) -> List[Claim]:
         """The claims that decide a hunk's topic: its hunk selectors; else the selectors naming its file exactly; else
         the wildcards claiming it (so `attention/*` and `attention/hybrid_linear.py` can be two topics')."""
+        topics = [t for t in self.topics.values() if not any(c.exclude and c.covers(hunk) for c in t.claims)]
         for rank in ("hunk", "exact", "wildcard"):
-            found = [c for t in self.topics.values() for c in t.claims if c.rank == rank and c.covers(hunk)]
+            found = [c for t in topics for c in t.claims if not c.exclude and c.rank == rank and c.covers(hunk)]
             if found:
                 return found
         return []
@@ -519,7 +540,7 @@ def double_file_claims(chapter: Chapter) -> List[str]:
     named: Dict[str, List[str]] = {}
     for topic in chapter.topics.values():
         for claim in topic.claims:
-            if claim.rank == "exact" and topic.name not in named.setdefault(claim.glob, []):
+            if claim.rank == "exact" and not claim.exclude and topic.name not in named.setdefault(claim.glob, []):
                 named[claim.glob].append(topic.name)
     return [f"{MAP_NAME}: {path!r} is claimed as a whole file by two topics of stage {chapter.stage}'s chapter: "
             f"{', '.join(names)} (keep it in one; hand single hunks to the others with hunk selectors)"
@@ -542,7 +563,8 @@ def drift(repo: Path = REPO) -> List[str]:
         used = set()
         for fd in pair_diff(repo, b - 1, b, include="drift"):
             for hunk in fd.hunks:
-                used |= {c for t in chapter.topics.values() for c in t.claims if c.covers(hunk)}
+                used |= {c for t in chapter.topics.values() for c in t.claims if c.covers(hunk) and
+                         (not c.exclude or any(o.covers(hunk) for o in t.claims if not o.exclude))}
                 owners = chapter.owners(hunk)
                 if not owners:
                     problems.append(unclaimed_message(chapter, prev, this, fd, hunk))
@@ -578,8 +600,8 @@ def topic_table(chapter: Chapter) -> str:
         "|---|---|---|---|",
     ]
     for t in chapter.topics.values():
-        files = [c.glob for c in t.claims if not c.per_hunk]
-        shared = list(dict.fromkeys(c.glob for c in t.claims if c.per_hunk))
+        files = [c.glob for c in t.claims if not c.per_hunk and not c.exclude]
+        shared = list(dict.fromkeys(c.glob for c in t.claims if c.per_hunk and not c.exclude))
         cell = lambda names: ", ".join(f"`{n}`" for n in names) or "–"  # noqa: E731
         rows.append(f"| `{t.name}` | {t.about.replace('|', '/') or '(to come)'} | {cell(files)} | {cell(shared)} |")
     rows.append(TABLE_END)

@@ -303,3 +303,24 @@ def test_repo_chapters_cover_every_stage_in_order(capsys):
     rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[1:]]
     assert [int(stage) for stage, _ in rows] == sorted(int(stage) for stage, _ in rows)
     assert rows[0] == ["1", "core"] and ["2", "overlap"] in rows and ["3", "scheduler-io"] in rows
+
+
+def test_an_exclusion_leaves_a_hunk_to_the_other_topic(tmp_path):
+    both = GOOD_MAP.replace('"engine.py~tp"', '"engine.py~tp", "engine.py::Engine.step"')
+    repo = make_repo(tmp_path, both.replace('"engine.py~fast"]', '"engine.py~fast", "!engine.py::Engine.step"]'))
+    assert chapters.drift(repo) == []
+    chapter = chapters.load_map(repo)[1]
+    owners = {h.new_span: chapter.owners(h) for fd in chapters.pair_diff(repo, 0, 1, "drift") for h in fd.hunks
+              if fd.path == "engine.py"}
+    assert owners[(1, 2)] == ["kernels"] and owners[(10, 11)] == ["tp"]
+    # an exclusion that takes nothing from its topic is stale like any selector
+    stale = both.replace('"engine.py~fast"]', '"engine.py~fast", "!engine.py::Engine.close"]')
+    (repo / "tools" / "chapters.toml").write_text(stale)
+    assert any("'!engine.py::Engine.close' selects no change" in p for p in chapters.drift(repo))
+
+
+def test_two_paragraphs_added_to_a_docstring_are_two_hunks():
+    old = ['"""The module.\n', '"""\n', "X = 1\n"]
+    new = ['"""The module.\n', "\n", "FP8: the pool's dtype.\n", "\n", "Graphs: fixed buffers.\n", '"""\n', "X = 1\n"]
+    hunks = chapters._hunks("m.py", old, new, whole_file=False)
+    assert [h.added for h in hunks] == [new[1:3], new[3:5]]
