@@ -4,7 +4,7 @@ up once, so no session spends minutes reinstalling torch.
     nox -s smoke         # about a minute: every stage against HF on one prompt, one request through stage4's server
     nox -s stage2        # stage2's own tests + the shared HF-alignment suite for stage2
     nox -s tests         # every stage, one pytest run (models prepared once)
-    nox -s lint          # ruff, stage isolation, no drift between the stages' copies, repository hygiene
+    nox -s lint          # ruff, stage isolation, no drift between the stages' copies, hygiene, size budgets
     nox -s reliability   # the servers' reliability/security tests (fuzzing, storm, load, auth, shutdown)
     nox -s gpu           # on a machine with an NVIDIA GPU: install the GPU extras, GPU tests, GPU benchmark
 """
@@ -71,10 +71,12 @@ def reliability(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff, stage isolation, drift (every change in exactly one topic), hygiene, the size budgets."""
     session.run("ruff", "check", ".")
     session.run("python", "tools/stages.py", "check")
     session.run("python", "tools/stages.py", "drift")
     session.run("python", "tools/hygiene.py")
+    session.run("python", "tools/budgets.py")
 
 
 def _gpu_args(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -12,277 +12,45 @@ folders):
 * ``"engine/engine.py::Engine._num_pages"`` — the hunks inside that class or function (or anything nested in it);
 * ``'server/args.py~--tp|tp_split_problem'`` — the hunks of that file with a changed line matching the regex.
 
-A hunk is one run of changed lines (no context). Hunk selectors win over whole-file ones, so a file shared by
-several topics can name one topic as its default owner and hand single hunks to others.
+A hunk is one run of changed lines (no context; tools/stage_diff.py): in a new file, each top-level statement and
+each member of a class is one. Hunk selectors win over whole-file ones, so a file shared by several topics can name
+one topic as its default owner and hand single hunks to others. ``"!selector"`` takes hunks out of its topic's
+claims: a broad regex of one topic can leave a hunk to another. Every hunk belongs to exactly one topic (`drift`
+reports a hunk two topics claim at the same rank, and a file two topics claim whole).
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
-import difflib
 import fnmatch
 import keyword
 import re
-import subprocess
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stage_diff import (  # noqa: E402, F401  (tools/ is not a package; chapters.X reads as before)
+    FileDiff,
+    Hunk,
+    StageError,
+    _hunks,
+    _read_lines,
+    definition_runs,
+    is_test_or_readme,
+    line_owners,
+    pair_diff,
+    stage_dir,
+    stage_dirs,
+    stage_files,
+    statement_runs,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 MAP_NAME = "tools/chapters.toml"
 TABLE_BEGIN, TABLE_END = "<!-- topics -->", "<!-- /topics -->"
-
-
-class StageError(Exception):
-    """A stage, topic or map entry that does not exist; the message is for the user as is."""
-
-
-# -- stages and their files ------------------------------------------------------------------------------------
-def stage_dirs(repo: Path) -> Dict[int, Path]:
-    return {int(p.name[5]): p for p in sorted(repo.glob("stage[0-9]_*")) if (p / "__init__.py").exists()}
-
-
-def stage_dir(repo: Path, n: int) -> Path:
-    dirs = stage_dirs(repo)
-    if n not in dirs:
-        raise StageError(f"no stage {n} (the stages are {', '.join(map(str, dirs))})")
-    return dirs[n]
-
-
-def stage_files(directory: Path) -> List[str]:
-    """The stage's files relative to it: what git tracks or would track (build outputs and caches are ignored)."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "."],
-            cwd=directory, capture_output=True, text=True, check=True,
-        ).stdout
-        names = [n for n in out.split("\0") if n and (directory / n).is_file()]
-    except (OSError, subprocess.CalledProcessError):  # not a git checkout (a tarball, a test's tmp_path)
-        names = [p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()]
-    return sorted(n for n in names if "__pycache__" not in n.split("/"))
-
-
-def is_test_or_readme(path: str) -> bool:
-    return path.startswith("tests/") or path.endswith("README.md")
-
-
-def _read_lines(path: Path, rename: Tuple[str, str] | None = None) -> List[str]:
-    """The file's lines; with rename=(a, b) the package name a reads as b, except in a path to a's README (a
-    document the copies all point to, e.g. the stage that describes the upstream defects)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if rename:
-        old, new = rename
-        keep = "\0readme\0"
-        text = text.replace(f"{old}/README", keep).replace(old, new).replace(keep, f"{old}/README")
-    return text.splitlines(keepends=True)
-
-
-# -- hunks -------------------------------------------------------------------------------------------------------
-def line_owners(lines: List[str]) -> List[str]:
-    """For each line, the qualified name of the innermost class or function around it ("" at module level)."""
-    owners = [""] * len(lines)
-    try:
-        tree = ast.parse("".join(lines))
-    except (SyntaxError, ValueError):
-        return owners
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}.{child.name}" if prefix else child.name
-                start = min([child.lineno] + [d.lineno for d in child.decorator_list])
-                for i in range(start - 1, child.end_lineno or start):
-                    owners[i] = name
-                visit(child, name)
-            else:
-                visit(child, prefix)
-
-    visit(tree, "")
-    return owners
-
-
-@dataclass
-class Hunk:
-    path: str
-    old_span: Tuple[int, int]  # [start, end) lines of the previous stage's file (package name replaced)
-    new_span: Tuple[int, int]  # [start, end) lines of this stage's file
-    removed: List[str]
-    added: List[str]
-    symbols: frozenset  # owners of its changed lines ("" = module level), see line_owners
-    new_symbols: frozenset  # the subset that does not exist in the previous stage's file
-    new_file: bool = False  # the file does not exist in the previous stage
-
-    @property
-    def changed(self) -> List[str]:
-        return self.removed + self.added
-
-    def location(self) -> str:
-        (i1, i2), (j1, j2) = self.old_span, self.new_span
-        if j2 > j1:
-            return f"{self.path}:{j1 + 1}" + (f"-{j2}" if j2 - j1 > 1 else "")
-        return f"{self.path} (after line {j1}: {i2 - i1} line(s) removed)"
-
-
-@dataclass
-class FileDiff:
-    path: str
-    old: List[str] | None  # None: the file is new in this stage
-    new: List[str] | None  # None: the file is gone in this stage
-    hunks: List[Hunk]
-
-    @property
-    def status(self) -> str:
-        return "A" if self.old is None else "D" if self.new is None else "M"
-
-    @property
-    def counts(self) -> Tuple[int, int]:
-        return sum(len(h.added) for h in self.hunks), sum(len(h.removed) for h in self.hunks)
-
-
-def _parse(lines: List[str]) -> ast.Module | None:
-    try:
-        return ast.parse("".join(lines))
-    except (SyntaxError, ValueError):
-        return None
-
-
-def _start(node: ast.AST) -> int:
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
-
-
-def statement_runs(tree: ast.Module | None, lo: int, hi: int) -> List[Tuple[int, int]]:
-    """Split the changed lines [lo, hi) into runs of whole statements: each statement that lies inside them is one
-    run (a new function is one run, two flags added side by side are two); a compound statement they cut through
-    gives its header and, recursively, its body's statements. Lines in no statement (comments, blank lines, `else:`)
-    join the run after them."""
-    if tree is None or hi - lo <= 1:
-        return [(lo, hi)] if hi > lo else []
-    spans: List[Tuple[int, int]] = []
-
-    def visit(body: list) -> None:
-        for node in body:
-            s, e = _start(node), node.end_lineno or node.lineno
-            if e <= lo or s >= hi:
-                continue
-            bodies = [b for f in ("body", "orelse", "finalbody", "handlers")
-                      if isinstance(b := getattr(node, f, None), list) and b and hasattr(b[0], "lineno")]
-            if (lo <= s and e <= hi) or not bodies:
-                spans.append((max(s, lo), min(e, hi)))
-                continue
-            first = min(_start(b[0]) for b in bodies)
-            if max(s, lo) < min(first, hi):
-                spans.append((max(s, lo), min(first, hi)))
-            for b in bodies:
-                visit(b)
-
-    visit(tree.body)
-    runs, begin = [], lo
-    for _, e in sorted(spans):
-        if e > begin:
-            runs.append((begin, e))
-            begin = e
-    if begin < hi:
-        runs = runs[:-1] + [(runs[-1][0], hi)] if runs else [(begin, hi)]
-    return runs
-
-
-def _pair(old: List[str], new: List[str], old_runs: list, new_runs: list) -> List[Tuple[tuple | None, tuple | None]]:
-    """Old and new runs of one changed block, the most similar pairs matched (a statement that was edited), like
-    difflib.Differ's fancy replace; the rest stand alone (a statement added or removed)."""
-    if not old_runs or not new_runs:
-        return [(r, None) for r in old_runs] + [(None, r) for r in new_runs]
-    best, at = 0.5, None
-    for i, (a1, a2) in enumerate(old_runs):
-        for j, (b1, b2) in enumerate(new_runs):
-            matcher = difflib.SequenceMatcher(None, "".join(old[a1:a2]), "".join(new[b1:b2]), autojunk=False)
-            if matcher.real_quick_ratio() > best and matcher.quick_ratio() > best and matcher.ratio() > best:
-                best, at = matcher.ratio(), (i, j)
-    if at is None:
-        return [(r, None) for r in old_runs] + [(None, r) for r in new_runs]
-    i, j = at
-    return (_pair(old, new, old_runs[:i], new_runs[:j]) + [(old_runs[i], new_runs[j])]
-            + _pair(old, new, old_runs[i + 1 :], new_runs[j + 1 :]))
-
-
-def _slide(opcodes: list, old: List[str], new: List[str], old_tree: ast.Module | None,
-           new_tree: ast.Module | None) -> List[Tuple[int, int, int, int]]:
-    """The changed blocks (i1, i2, j1, j2). A block of added (or removed) lines can often sit a few lines higher or
-    lower with the same result — `@property` / `def a` / ... / `@property` — and the matcher's choice may cut a
-    statement in two; like git's indent heuristic, each such block moves to where it is the fewest whole statements
-    (and, on a tie, ends with a blank line rather than starting with one)."""
-    blocks = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in opcodes if tag != "equal"]
-    out: List[Tuple[int, int, int, int]] = []
-    for k, (i1, i2, j1, j2) in enumerate(blocks):
-        if (i1 == i2) == (j1 == j2):  # a replacement (or nothing): stays
-            out.append((i1, i2, j1, j2))
-            continue
-        lines, tree, lo, hi = (new, new_tree, j1, j2) if i1 == i2 else (old, old_tree, i1, i2)
-        side = 2 if i1 == i2 else 0  # which pair of the tuple holds the block's lines
-        floor = out[-1][side + 1] if out else 0  # the previous block's end on that side
-        ceiling = blocks[k + 1][side] if k + 1 < len(blocks) else len(lines)
-        candidates = [0]
-        d = 1
-        while lo - d >= floor and lines[lo - d] == lines[hi - d]:
-            candidates.append(-d)
-            d += 1
-        d = 0
-        while hi + d < ceiling and lines[lo + d] == lines[hi + d]:
-            d += 1
-            candidates.append(d)
-
-        scores = {shift: (len(statement_runs(tree, lo + shift, hi + shift)), bool(lines[hi + shift - 1].strip()),
-                          not lines[lo + shift].strip(), abs(shift)) for shift in candidates}
-        best = min(candidates, key=scores.__getitem__)
-        out.append((i1 + best, i2 + best, j1 + best, j2 + best))
-    return out
-
-
-def _hunks(path: str, old: List[str], new: List[str], whole_file: bool) -> List[Hunk]:
-    """The file's changes as hunks: runs of changed lines, split into statements for Python (see statement_runs), so
-    that a change next to a chapter's change is still a hunk of its own."""
-    is_py = path.endswith(".py")
-    old_owners = line_owners(old) if is_py else [""] * len(old)
-    new_owners = line_owners(new) if is_py else [""] * len(new)
-    old_tree = _parse(old) if is_py and not whole_file else None
-    new_tree = _parse(new) if is_py and not whole_file else None
-    known = set(old_owners)
-    hunks = []
-    for i1, i2, j1, j2 in _slide(difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes(), old, new,
-                                 old_tree, new_tree):
-        at_old, at_new = i1, j1
-        pairs = _pair(old, new, statement_runs(old_tree, i1, i2), statement_runs(new_tree, j1, j2))
-        for old_run, new_run in pairs:
-            (a1, a2), (b1, b2) = old_run or (at_old, at_old), new_run or (at_new, at_new)
-            at_old, at_new = a2, b2
-            symbols = {old_owners[i] for i in range(a1, a2) if old[i].strip()}
-            symbols |= {new_owners[j] for j in range(b1, b2) if new[j].strip()}
-            symbols = symbols or {""}
-            new_symbols = {s for s in symbols if s and s not in known}
-            hunks.append(Hunk(path, (a1, a2), (b1, b2), old[a1:a2], new[b1:b2], frozenset(symbols),
-                              frozenset(new_symbols), new_file=whole_file and not old))
-    return hunks
-
-
-def pair_diff(repo: Path, a: int, b: int, include: str = "code") -> List[FileDiff]:
-    """Files that differ from stage a to stage b (a's package name read as b's). include: "code" leaves out tests
-    and READMEs, "all" keeps them, "drift" keeps tests and leaves out READMEs (a README is its chapter's text)."""
-    da, db = stage_dir(repo, a), stage_dir(repo, b)
-    names = sorted(set(stage_files(da)) | set(stage_files(db)))
-    if include == "code":
-        names = [n for n in names if not is_test_or_readme(n)]
-    elif include == "drift":
-        names = [n for n in names if not n.endswith("README.md")]
-    diffs = []
-    for name in names:
-        fa, fb = da / name, db / name
-        old = _read_lines(fa, (da.name, db.name)) if fa.is_file() else None
-        new = _read_lines(fb) if fb.is_file() else None
-        if old == new:
-            continue
-        diffs.append(FileDiff(name, old, new, _hunks(name, old or [], new or [], old is None or new is None)))
-    return diffs
 
 
 # -- the map -------------------------------------------------------------------------------------------------------
@@ -293,20 +61,22 @@ class Claim:
     glob: str
     symbol: str = ""
     pattern: str = ""
+    exclude: bool = False  # "!selector": the topic's other selectors do not take these hunks
 
     @classmethod
     def parse(cls, topic: str, text: str) -> Claim:
-        sym_at, pat_at = text.find("::"), text.find("~")
+        body, exclude = (text[1:], True) if text.startswith("!") else (text, False)
+        sym_at, pat_at = body.find("::"), body.find("~")
         if pat_at >= 0 and (sym_at < 0 or pat_at < sym_at):
-            glob, pattern = text[:pat_at], text[pat_at + 1 :]
+            glob, pattern = body[:pat_at], body[pat_at + 1 :]
             try:
                 re.compile(pattern)
             except re.error as exc:
                 raise StageError(f"{MAP_NAME}: topic {topic!r}: bad regex in {text!r}: {exc}") from exc
-            return cls(topic, text, glob, pattern=pattern)
+            return cls(topic, text, glob, pattern=pattern, exclude=exclude)
         if sym_at >= 0:
-            return cls(topic, text, text[:sym_at], symbol=text[sym_at + 2 :])
-        return cls(topic, text, text)
+            return cls(topic, text, body[:sym_at], symbol=body[sym_at + 2 :], exclude=exclude)
+        return cls(topic, text, body, exclude=exclude)
 
     @property
     def per_hunk(self) -> bool:
@@ -341,14 +111,19 @@ class Chapter:
     stage: int  # the later stage of the pair (stage - 1 -> stage)
     topics: Dict[str, Topic]
 
-    def owners(self, hunk: Hunk) -> List[str]:
-        """The topics a hunk belongs to: those with a hunk selector for it; else those naming its file exactly; else
-        those claiming it with a wildcard (so `attention/*` and `attention/hybrid_linear.py` can be two topics')."""
+    def winning_claims(self, hunk: Hunk) -> List[Claim]:
+        """The claims that decide a hunk's topic: its hunk selectors; else the selectors naming its file exactly; else
+        the wildcards claiming it (so `attention/*` and `attention/hybrid_linear.py` can be two topics')."""
+        topics = [t for t in self.topics.values() if not any(c.exclude and c.covers(hunk) for c in t.claims)]
         for rank in ("hunk", "exact", "wildcard"):
-            found = [t.name for t in self.topics.values() if any(c.rank == rank and c.covers(hunk) for c in t.claims)]
+            found = [c for t in topics for c in t.claims if not c.exclude and c.rank == rank and c.covers(hunk)]
             if found:
                 return found
         return []
+
+    def owners(self, hunk: Hunk) -> List[str]:
+        """The topics a hunk belongs to (see winning_claims): exactly one in a consistent map."""
+        return list(dict.fromkeys(c.topic for c in self.winning_claims(hunk)))
 
     def topic(self, name: str) -> Topic:
         if name not in self.topics:
@@ -470,9 +245,33 @@ def unclaimed_message(chapter: Chapter, prev: str, this: str, fd: FileDiff, hunk
     ])
 
 
+def double_claim_message(chapter: Chapter, this: str, hunk: Hunk) -> str:
+    """A hunk that two topics claim at the same rank: `diff --topic` would show it in both."""
+    where = "a new file" if hunk.new_file else ", ".join(sorted(s for s in hunk.symbols if s)) or "module level"
+    claims = chapter.winning_claims(hunk)
+    by = "; ".join(f"[stage{chapter.stage}.{c.topic}] {c.text!r}" for c in claims)
+    first = next((line.strip() for line in hunk.changed if line.strip()), "")
+    return (f"{this}/{hunk.location()} ({where}): claimed by two topics of stage {chapter.stage}'s chapter: {by}\n"
+            f"    {first[:100]}\n"
+            f"  one topic only: narrow a selector in {MAP_NAME} (a hunk selector of one topic, or a regex that the "
+            "other's hunk does not match)")
+
+
+def double_file_claims(chapter: Chapter) -> List[str]:
+    """Two topics naming one file exactly: which of them owns a hunk no hunk selector takes would be a coin toss."""
+    named: Dict[str, List[str]] = {}
+    for topic in chapter.topics.values():
+        for claim in topic.claims:
+            if claim.rank == "exact" and not claim.exclude and topic.name not in named.setdefault(claim.glob, []):
+                named[claim.glob].append(topic.name)
+    return [f"{MAP_NAME}: {path!r} is claimed as a whole file by two topics of stage {chapter.stage}'s chapter: "
+            f"{', '.join(names)} (keep it in one; hand single hunks to the others with hunk selectors)"
+            for path, names in named.items() if len(names) > 1]
+
+
 def drift(repo: Path = REPO) -> List[str]:
-    """Every change between adjacent stages must belong to the later stage's chapter, and every selector of the map
-    must still select something (a stale one would hide a future drift)."""
+    """Every change between adjacent stages must belong to exactly one topic of the later stage's chapter, and every
+    selector of the map must still select something (a stale one would hide a future drift)."""
     chapters = load_map(repo)
     dirs = stage_dirs(repo)
     problems = [f"{MAP_NAME}: [stage{n}] names no stage folder" for n in chapters if n not in dirs]
@@ -486,9 +285,14 @@ def drift(repo: Path = REPO) -> List[str]:
         used = set()
         for fd in pair_diff(repo, b - 1, b, include="drift"):
             for hunk in fd.hunks:
-                used |= {c for t in chapter.topics.values() for c in t.claims if c.covers(hunk)}
-                if not chapter.owners(hunk):
+                used |= {c for t in chapter.topics.values() for c in t.claims if c.covers(hunk) and
+                         (not c.exclude or any(o.covers(hunk) for o in t.claims if not o.exclude))}
+                owners = chapter.owners(hunk)
+                if not owners:
                     problems.append(unclaimed_message(chapter, prev, this, fd, hunk))
+                elif len(owners) > 1:
+                    problems.append(double_claim_message(chapter, this, hunk))
+        problems += double_file_claims(chapter)
         for topic in chapter.topics.values():
             for claim in topic.claims:
                 if claim not in used:
@@ -518,8 +322,8 @@ def topic_table(chapter: Chapter) -> str:
         "|---|---|---|---|",
     ]
     for t in chapter.topics.values():
-        files = [c.glob for c in t.claims if not c.per_hunk]
-        shared = list(dict.fromkeys(c.glob for c in t.claims if c.per_hunk))
+        files = [c.glob for c in t.claims if not c.per_hunk and not c.exclude]
+        shared = list(dict.fromkeys(c.glob for c in t.claims if c.per_hunk and not c.exclude))
         cell = lambda names: ", ".join(f"`{n}`" for n in names) or "–"  # noqa: E731
         rows.append(f"| `{t.name}` | {t.about.replace('|', '/') or '(to come)'} | {cell(files)} | {cell(shared)} |")
     rows.append(TABLE_END)

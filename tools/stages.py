@@ -5,7 +5,8 @@
     python tools/stages.py diff 3 4 --topic tp    # one topic of stage 4's chapter alone (topics: tools/chapters.toml)
     python tools/stages.py diff N M --stat        # the summary only; --all adds tests and READMEs
     python tools/stages.py topics [N]             # the chapters' topics; --write refreshes the READMEs' tables
-    python tools/stages.py drift                  # every change between adjacent stages belongs to its chapter
+    python tools/stages.py chapters               # every topic of every stage in reading order, with its size
+    python tools/stages.py drift                  # every change between adjacent stages: in exactly one topic
     python tools/stages.py drift --suggest 4      # selectors for stage 4's unclaimed hunks (after a merge)
 
 Package names are normalised: stage N's name reads as stage M's.
@@ -60,6 +61,18 @@ def _file_patch(fd: FileDiff, a_name: str, b_name: str, label: str = "") -> str:
     """A unified diff of the file's hunks (fd.hunks may be a subset: then the previous stage's file with only those
     applied is compared, which shows them with context and nothing else)."""
     old, new = fd.old or [], fd.new or []
+    if fd.status == "A" and sum(len(h.added) for h in fd.hunks) < len(new):  # some definitions of a new file
+        spans: List[List[int]] = []
+        for hunk in fd.hunks:  # adjacent definitions read as one block
+            if spans and spans[-1][1] == hunk.new_span[0]:
+                spans[-1][1] = hunk.new_span[1]
+            else:
+                spans.append(list(hunk.new_span))
+        out = [f"--- /dev/null\n+++ {b_name}/{fd.path}{label}\n"]
+        for j1, j2 in spans:
+            out += [f"@@ -0,0 +{j1 + 1},{j2 - j1} @@\n"] + [f"+{line}" for line in new[j1:j2]]
+        text = "".join(out)
+        return text if text.endswith("\n") else text + "\n\\ No newline at end of file\n"
     if fd.status == "M":
         out, pos = [], 0
         for hunk in fd.hunks:
@@ -136,6 +149,33 @@ def topics(stage: int | None) -> str:
     return "\n".join(out) + "\n"
 
 
+def topic_sizes(a: int, b: int, chapter: Chapter) -> dict[str, tuple[int, int, int]]:
+    """Each topic of stage b's chapter: (files, +lines, -lines) of its hunks, tests and READMEs left out."""
+    sizes = {name: (set(), 0, 0) for name in chapter.topics}
+    for fd in chapters.pair_diff(REPO, a, b, "code"):
+        for hunk in fd.hunks:
+            for name in chapter.owners(hunk):
+                files, plus, minus = sizes[name]
+                files.add(fd.path)
+                sizes[name] = (files, plus + len(hunk.added), minus + len(hunk.removed))
+    return {name: (len(files), plus, minus) for name, (files, plus, minus) in sizes.items()}
+
+
+def chapter_list() -> str:
+    """Every topic of every stage in reading order (stage by stage, topics in the map's order), with its size."""
+    out = [f"{'stage':<6} {'topic':<18} {'files':>5} {'+lines':>7} {'-lines':>7}  (tests left out; "
+           "diff N-1 N --topic NAME)"]
+    dirs = chapters.stage_dirs(REPO)
+    for n, chapter in sorted(chapters.load_map(REPO).items()):
+        if n not in dirs or n - 1 not in dirs:
+            continue
+        for name, (files, plus, minus) in topic_sizes(n - 1, n, chapter).items():
+            about = chapter.topics[name].about
+            about = about if len(about) <= 60 else about[:59] + "…"
+            out.append(f"{n:<6} {name:<18} {files:>5} {plus:>7} {minus:>7}  {about}")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python tools/stages.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -150,6 +190,7 @@ def main(argv: list[str]) -> int:
     p_topics = sub.add_parser("topics", help="the chapters' topics")
     p_topics.add_argument("stage", type=int, nargs="?")
     p_topics.add_argument("--write", action="store_true", help="refresh the topic tables in the stage READMEs")
+    sub.add_parser("chapters", help="every topic of every stage in reading order, with its size")
     p_drift = sub.add_parser("drift", help="every change between adjacent stages belongs to the later stage's chapter")
     p_drift.add_argument("--suggest", type=int, metavar="N",
                          help="print selectors that would claim stage N's unclaimed hunks (to paste under a topic)")
@@ -171,6 +212,9 @@ def main(argv: list[str]) -> int:
             if args.write:
                 chapters.topic_table_problems(REPO, write=True)
             sys.stdout.write(topics(args.stage))
+            return 0
+        if args.command == "chapters":
+            sys.stdout.write(chapter_list())
             return 0
         if args.suggest is not None:
             lines = chapters.suggest_claims(REPO, args.suggest)

@@ -218,3 +218,109 @@ def test_suggested_claims_cover_every_unclaimed_hunk(tmp_path):
     fixed_map = GOOD_MAP + '\n[stage1.fp8-kv]\nclaims = [' + ", ".join(suggested) + "]\n"
     (repo / "tools" / "chapters.toml").write_text(fixed_map)
     assert chapters.drift(repo) == []
+
+
+# -- exact topics: every hunk in exactly one topic ---------------------------------------------------------------
+def test_repo_every_hunk_of_every_adjacent_pair_is_in_exactly_one_topic():
+    """For every adjacent stage pair, tests included: no hunk is unclaimed and none is claimed by two topics (hunk
+    selectors winning over whole-file ones is by design, not a double claim)."""
+    maps, dirs = chapters.load_map(REPO), chapters.stage_dirs(REPO)
+    unclaimed, double = [], []
+    for b in sorted(dirs):
+        if b - 1 not in dirs:
+            continue
+        chapter = maps[b]
+        for fd in chapters.pair_diff(REPO, b - 1, b, include="drift"):
+            for hunk in fd.hunks:
+                owners = chapter.owners(hunk)
+                if not owners:
+                    unclaimed.append(f"stage{b} {hunk.location()}")
+                elif len(owners) > 1:
+                    double.append(f"stage{b} {hunk.location()}: {owners}")
+        assert not chapters.double_file_claims(chapter)
+    assert unclaimed == [], "\n".join(unclaimed)
+    assert double == [], "\n".join(double)
+
+
+def test_two_topics_claiming_one_hunk_is_reported_with_both_names(tmp_path):
+    repo = make_repo(tmp_path, GOOD_MAP.replace('"engine.py~tp"', '"engine.py~tp", "engine.py::Engine.step"'))
+    (problem,) = chapters.drift(repo)
+    assert problem.startswith("stage1_b/engine.py:11 (Engine.step): claimed by two topics of stage 1's chapter: ")
+    assert "[stage1.kernels] 'engine.py~fast'" in problem and "[stage1.tp] 'engine.py::Engine.step'" in problem
+    assert stages_tool.main(["drift"]) in (0, 1)  # the command runs on the real map either way
+
+
+def test_a_hunk_selector_of_one_topic_beside_another_topics_whole_file_is_no_double_claim(tmp_path):
+    repo = make_repo(tmp_path, """
+[stage1.a]
+claims = ["engine.py", "kernels.py", "tests/test_engine.py"]
+[stage1.b]
+claims = ["engine.py::Engine.step"]
+""")
+    assert chapters.drift(repo) == []
+
+
+def test_two_topics_claiming_one_file_whole_is_reported(tmp_path):
+    repo = make_repo(tmp_path, GOOD_MAP + '\n[stage1.other]\nclaims = ["kernels.py"]\n')
+    problems = chapters.drift(repo)
+    assert problems[-1] == ("tools/chapters.toml: 'kernels.py' is claimed as a whole file by two topics of stage 1's "
+                            "chapter: kernels, other (keep it in one; hand single hunks to the others with hunk "
+                            "selectors)")
+    assert any(p.startswith("stage1_b/kernels.py:1-2 (a new file): claimed by two topics") for p in problems)
+
+
+def test_a_new_files_definitions_can_belong_to_two_topics(tmp_path, monkeypatch):
+    """A new file is split into its top-level statements and a class's members, so one method can be a topic's."""
+    repo = make_repo(tmp_path, """
+[stage1.engine]
+claims = ["engine.py", "kernels.py", "tests/test_engine.py"]
+[stage1.engine-new]
+claims = ["sched.py"]
+[stage1.loop]
+claims = ["sched.py::Sched.loop"]
+""")
+    (repo / "stage1_b" / "sched.py").write_text(
+        "import os\n\n\nclass Sched:\n    x = 1\n\n    def loop(self):\n        return os.sep\n\n"
+        "    def stop(self):\n        return None\n")
+    assert chapters.drift(repo) == []
+    monkeypatch.setattr(stages_tool, "REPO", repo)
+    text = stages_tool.diff(0, 1, topic="loop")
+    assert "+    def loop(self):" in text and "def stop" not in text and "import os" not in text
+    assert "@@ -0,0 +6,3 @@" in text
+    whole = stages_tool.diff(0, 1, topic="engine-new")
+    assert "def stop" in whole and "def loop" not in whole
+
+
+def test_chapters_lists_every_topic_in_reading_order_with_its_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(stages_tool, "REPO", make_repo(tmp_path, GOOD_MAP))
+    lines = stages_tool.chapter_list().splitlines()
+    assert lines[0].split()[:5] == ["stage", "topic", "files", "+lines", "-lines"]
+    assert [line.split()[:5] for line in lines[1:]] == [["1", "kernels", "2", "4", "1"], ["1", "tp", "1", "1", "0"]]
+
+
+def test_repo_chapters_cover_every_stage_in_order(capsys):
+    assert stages_tool.main(["chapters"]) == 0
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [int(stage) for stage, _ in rows] == sorted(int(stage) for stage, _ in rows)
+    assert rows[0] == ["1", "core"] and ["2", "overlap"] in rows and ["3", "scheduler-io"] in rows
+
+
+def test_an_exclusion_leaves_a_hunk_to_the_other_topic(tmp_path):
+    both = GOOD_MAP.replace('"engine.py~tp"', '"engine.py~tp", "engine.py::Engine.step"')
+    repo = make_repo(tmp_path, both.replace('"engine.py~fast"]', '"engine.py~fast", "!engine.py::Engine.step"]'))
+    assert chapters.drift(repo) == []
+    chapter = chapters.load_map(repo)[1]
+    owners = {h.new_span: chapter.owners(h) for fd in chapters.pair_diff(repo, 0, 1, "drift") for h in fd.hunks
+              if fd.path == "engine.py"}
+    assert owners[(1, 2)] == ["kernels"] and owners[(10, 11)] == ["tp"]
+    # an exclusion that takes nothing from its topic is stale like any selector
+    stale = both.replace('"engine.py~fast"]', '"engine.py~fast", "!engine.py::Engine.close"]')
+    (repo / "tools" / "chapters.toml").write_text(stale)
+    assert any("'!engine.py::Engine.close' selects no change" in p for p in chapters.drift(repo))
+
+
+def test_two_paragraphs_added_to_a_docstring_are_two_hunks():
+    old = ['"""The module.\n', '"""\n', "X = 1\n"]
+    new = ['"""The module.\n', "\n", "FP8: the pool's dtype.\n", "\n", "Graphs: fixed buffers.\n", '"""\n', "X = 1\n"]
+    hunks = chapters._hunks("m.py", old, new, whole_file=False)
+    assert [h.added for h in hunks] == [new[1:3], new[3:5]]
