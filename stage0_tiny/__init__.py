@@ -1,1 +1,1 @@
-"""stage0_tiny — the whole LLM inference idea in one ~140-line file (see ``tiny.py``)."""
+"""stage0_tiny — the whole LLM inference idea in one file under 200 lines (see ``tiny.py``)."""

@@ -1,21 +1,28 @@
-"""stage0_tiny: the skeleton of an inference engine, in one file.
+"""stage0_tiny: the skeleton of an inference engine, in one file (``python -m stage0_tiny --help``).
 
 Read config.json and the safetensors weights into a dict, run a hand-written decoder (RMSNorm, RoPE with the
 half-split pairing, GQA via repeat_interleave, Qwen3's per-head q/k norm, Qwen2's qkv bias, Llama 3's RoPE
 scaling), keep the KV cache as a per-layer list grown with ``torch.cat`` (every step copies the whole cache: the
-first thing stage1 replaces with a preallocated paged pool), and decode greedily one request at a time.
+first thing stage1 replaces with a preallocated paged pool), and decode greedily one request at a time. ``main``
+times it with two thread counts, checks both give the same tokens, and compares them with transformers.
 Everything later stages add — pages, batches, schedulers, servers, kernels — is an answer to a cost visible here.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Instruct"
 
 
 def load_config(model_dir: str | Path) -> dict:
@@ -71,6 +78,7 @@ class TinyEngine:
         self.w = load_weights(model_dir, dtype)
         self.inv_freq = rope_inv_freq(self.cfg)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.prefill_s = 0.0  # seconds of the last generate's prefill
 
     def attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c, w, p = self.cfg, self.w, f"layers.{i}.self_attn."
@@ -111,7 +119,9 @@ class TinyEngine:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None = None) -> list[int]:
         self.kv = []
         out: list[int] = []
+        t0 = time.perf_counter()
         logits = self.forward(torch.tensor(prompt_ids), 0)  # prefill: the whole prompt in one forward
+        self.prefill_s = time.perf_counter() - t0  # timed_run splits this run's time into prefill and decode
         for step in range(max_new_tokens):
             token = int(logits.argmax())  # greedy
             out.append(token)
@@ -119,3 +129,69 @@ class TinyEngine:
                 break
             logits = self.forward(torch.tensor([token]), len(prompt_ids) + step)  # decode: one token
         return out
+
+
+# -- python -m stage0_tiny: generate, time it, check it ---------------------------------------------------------
+def physical_cores() -> int:
+    """Distinct (socket, core) pairs in /proc/cpuinfo: hyperthreads share a core and its FMA units."""
+    try:
+        blocks = Path("/proc/cpuinfo").read_text().split("\n\n")  # one block per logical CPU
+    except OSError:
+        blocks = []
+    cpus = [dict((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in b.splitlines())) for b in blocks]
+    cores = len({(cpu.get("physical id"), cpu["core id"]) for cpu in cpus if "core id" in cpu})
+    return max(1, min(cores or os.cpu_count() or 1, len(os.sched_getaffinity(0))))
+
+
+def timed_run(engine: TinyEngine, ids: list[int], n: int, threads: int) -> tuple[list[int], float, float]:
+    """(tokens, prefill ms, decode tok/s) with `threads` torch threads, prefill and decode timed in one run."""
+    torch.set_num_threads(threads)
+    engine.generate(ids, 8)  # warm-up: first touches of the weights and allocator
+    t0 = time.perf_counter()
+    out = engine.generate(ids, n)
+    decode_s = time.perf_counter() - t0 - engine.prefill_s
+    return out, engine.prefill_s * 1e3, (len(out) - 1) / max(decode_s, 1e-9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stage0_tiny", description="generate, time it, check against HF")
+    ap.add_argument("--model", default=str(DEFAULT_MODEL), help="HF model directory")
+    ap.add_argument("--prompt", default="The capital of France is")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--no-hf-check", action="store_true")
+    args = ap.parse_args(argv)
+    if not Path(args.model, "config.json").exists():
+        print(f"error: no model at {args.model}. Prepare the default one with: python -m models prepare smollm2",
+              file=sys.stderr)
+        return 2
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok, engine = AutoTokenizer.from_pretrained(args.model), TinyEngine(args.model)
+    c = engine.cfg
+    print(f"model: {args.model} ({c['architectures'][0]}, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+          f"{c['num_attention_heads']} q / {c['num_key_value_heads']} kv heads, vocab {c['vocab_size']})")
+    ids = tok(args.prompt).input_ids
+    print(f"prompt: {args.prompt!r} ({len(ids)} tokens)")
+    runs: list[list[int]] = []
+    for threads, why in ((torch.get_num_threads(), "torch default"), (physical_cores(), "physical cores")):
+        out, pre_ms, tps = timed_run(engine, ids, args.max_new_tokens, threads)
+        if not runs:
+            print(f"generated: {tok.decode(out)!r}")
+        print(f"timing ({threads} threads, {why}): prefill {pre_ms:.1f} ms, decode {tps:.1f} tok/s")
+        runs.append(out)
+    if runs[1] != runs[0]:  # the thread count splits the sums differently; fp32 greedy must not notice
+        print(f"thread counts disagree:\n  default: {runs[0]}\n  cores:   {runs[1]}")
+        return 1
+    if not args.no_hf_check:
+        hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=args.max_new_tokens, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+        print(f"match HF: {ref == out}")
+        if ref != out:
+            print(f"  HF:   {ref}\n  ours: {out}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
