@@ -310,22 +310,26 @@ def iter_topic_hunks(diffs: List[FileDiff], chapter: Chapter, topic: str) -> Ite
 
 
 # -- README checks -----------------------------------------------------------------------------------------------
-def topic_table(chapter: Chapter) -> str:
-    """The chapter's topics as the markdown table between the README's topic markers."""
+def topic_table(chapter: Chapter, diffs: List[FileDiff]) -> str:
+    """The chapter's topics as the markdown table between the README's topic markers: each topic's lines added and
+    removed in the code (tests and READMEs left out, as `diff --stat` counts them); its files are in that summary."""
     b = chapter.stage
     rows = [
         TABLE_BEGIN,
-        f"`python tools/stages.py diff {b - 1} {b} --topic NAME` shows one topic alone (`--all` adds its tests). "
-        f"The map is `{MAP_NAME}`: whole files, or single hunks of files that several topics share.",
+        f"`python tools/stages.py diff {b - 1} {b} --topic NAME` shows one topic alone (`--all` adds its tests; "
+        f"`--stat` lists its files). The map is `{MAP_NAME}`: whole files, or single hunks of files that several "
+        "topics share. Lines: the topic's code, tests left out.",
         "",
-        "| topic | what it covers | files | hunks in |",
-        "|---|---|---|---|",
+        "| topic | what it covers | +/- lines |",
+        "|---|---|--:|",
     ]
     for t in chapter.topics.values():
-        files = [c.glob for c in t.claims if not c.per_hunk and not c.exclude]
-        shared = list(dict.fromkeys(c.glob for c in t.claims if c.per_hunk and not c.exclude))
-        cell = lambda names: ", ".join(f"`{n}`" for n in names) or "–"  # noqa: E731
-        rows.append(f"| `{t.name}` | {t.about.replace('|', '/') or '(to come)'} | {cell(files)} | {cell(shared)} |")
+        plus = minus = 0
+        for fd in diffs:
+            for hunk in fd.hunks:
+                if t.name in chapter.owners(hunk):
+                    plus, minus = plus + len(hunk.added), minus + len(hunk.removed)
+        rows.append(f"| `{t.name}` | {t.about.replace('|', '/') or '(to come)'} | +{plus} -{minus} |")
     rows.append(TABLE_END)
     return "\n".join(rows)
 
@@ -347,7 +351,7 @@ def topic_table_problems(repo: Path = REPO, write: bool = False) -> List[str]:
             problems.append(f"{directory.name}/README.md: {TABLE_BEGIN} without {TABLE_END}")
             continue
         tail = rest.split(TABLE_END, 1)[1]
-        fresh = head + topic_table(chapters[n]) + tail
+        fresh = head + topic_table(chapters[n], pair_diff(repo, n - 1, n)) + tail
         if fresh != text:
             if write:
                 readme.write_text(fresh)
