@@ -18,7 +18,6 @@ last-page-length live in fixed buffers; at replay we plan into those buffers rig
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Dict, List
@@ -73,9 +72,7 @@ class FICaptureData(BaseCaptureData):
 
 
 def _use_tensor_cores(num_qo_heads: int, num_kv_heads: int) -> bool:
-    env = os.environ.get("MINISGL_FLASHINFER_USE_TENSOR_CORES")
-    if env is not None:
-        return env.lower() in ("1", "true", "yes")
+    """FlashInfer's decode on tensor cores pays once at least 4 query heads share a KV head (as upstream)."""
     return num_qo_heads // num_kv_heads >= 4
 
 

@@ -10,11 +10,8 @@ second only reads constants until its wait — or what was written before the ke
 deferred norms' hidden rows, ``triton_fused``).
 
 A kernel launched without PDL, or one that follows a kernel which never signals (cuBLAS, torch), simply starts when
-the previous kernel ends: the order of the stream is unchanged. ``MINISGL_DISABLE_PDL=1`` switches it off (A/B);
-Triton's interpreter and GPUs before compute capability 9.0 never use it. The answer is worked out once per device
-(as upstream reads its switches once): every eager Triton launch asks, and reading the environment each time cost
-~6 us per launch on a 2-core machine, the kept answer ~1 us (tests that change the environment call
-``_enabled.cache_clear()``).
+the previous kernel ends: the order of the stream is unchanged. Triton's interpreter and GPUs before compute
+capability 9.0 never use it. The answer is worked out once per device, since every eager Triton launch asks.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..env import ENV
 from . import triton_interpreting
 
 
@@ -48,7 +44,7 @@ def _capable(device_index: int) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _enabled(device_index: int) -> bool:
-    return not triton_interpreting() and not ENV.DISABLE_PDL.value and _capable(device_index)
+    return not triton_interpreting() and _capable(device_index)
 
 
 def pdl_launch(device: torch.device) -> Tuple[bool, Dict[str, Any]]:

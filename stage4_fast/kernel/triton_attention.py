@@ -30,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..env import ENV
 from . import triton_interpreting as _interpreting
 from .jit import load_cuda_kernels
 from .pdl import pdl_launch, pdl_wait
@@ -46,12 +45,9 @@ def _dot_precision(dtype: torch.dtype) -> str | None:
 def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     """fp8 K/V under 16-bit queries: the dots run in fp16, not the queries' dtype. fp8 values are exact in fp16
     (e5m2 is fp16's upper byte) and convert in one instruction per two values, where bf16 takes a detour through
-    fp32: one decode layer at the upstream workload's shape took 176 us instead of 191 us on the H200
-    (bench/results/h200-history.md). Queries lose nothing (fp16 has more mantissa than bf16; |q| stays far below 65504
-    after the q norm); probabilities gain precision. MINISGL_TRITON_FP8_DOTS=q keeps the queries' dtype."""
-    if kv_dtype.itemsize != 1 or q_dtype not in (torch.float16, torch.bfloat16):
-        return False
-    return ENV.TRITON_FP8_DOTS.value == "fp16"
+    fp32. Queries lose nothing (fp16 has more mantissa than bf16; |q| stays far below 65504 after the q norm);
+    probabilities gain precision."""
+    return kv_dtype.itemsize == 1 and q_dtype in (torch.float16, torch.bfloat16)
 
 
 @triton.jit

@@ -6,8 +6,8 @@ projection of the residual stream h whose norm weight is folded into the project
 multiplied by h's rsqrt(mean(h^2) + eps), in fp32 and rounded to the dtype (``layers.norm.scale_by_rms_of``). That
 is the norm kernel's work without the norm kernel.
 
-A decode step at batch 256 on the Qwen3-0.6B shape is ~1,300 tiny kernels, most of them these element-wise pieces,
-and inside a CUDA graph each still costs a few microseconds: together as much device time as the attention itself.
+A decode step is over a thousand tiny kernels, most of them these element-wise pieces, and inside a CUDA graph
+each still costs a few microseconds of launch and ramp.
 
 The kernels round where PyTorch rounds, so they give the bits of the unfused bf16/fp16 path (HF's op order):
 * RMSNorm: normalise in fp32, round to the 16-bit dtype, multiply by the weight and round again;
@@ -18,8 +18,7 @@ The kernels round where PyTorch rounds, so they give the bits of the unfused bf1
 Only the fp32 reduction order inside the norm differs (a last-bit difference before the rounding, rarely visible).
 
 The engine uses them only for CUDA tensors in bf16/fp16 (``kernel.fused_kernels_for``); fp32 and CPU keep the
-PyTorch path. ``MINISGL_DISABLE_FUSED_KERNELS=1`` (``env.ENV``) switches them off (for A/B measurements). The
-tests run them under Triton's interpreter on CPU against the PyTorch path.
+PyTorch path. The tests run them under Triton's interpreter on CPU against the PyTorch path.
 """
 
 from __future__ import annotations

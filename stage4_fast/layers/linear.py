@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from ..distributed import DistributedCommunicator, get_tp_info
-from ..env import ENV
 from ..kernel import gemv_kernel_for
 from ..utils import div_even
 from .activation import silu_and_mul
@@ -54,7 +53,7 @@ class _LinearTPImpl(BaseOP):
         forward takes one GEMV kernel with the add-RMSNorm folded in (no kernel, no round trip for the normed
         row). For layers whose input is whole on every rank (column-parallel, replicated): a norm needs the row."""
         gemv = gemv_kernel_for(x)
-        fold = gemv is not None and not ENV.DISABLE_GEMV_NORM.value and self.weight.stride(-1) == 1
+        fold = gemv is not None and self.weight.stride(-1) == 1
         if fold and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1):
             return gemv.normed_gemv(x, residual, norm.weight, norm.eps, self.weight, self.bias)
         normed, residual = norm.forward(x, residual)

@@ -63,8 +63,8 @@ from .utils import run_indices, scatter_runs
 
 logger = logging.getLogger(__name__)
 
-# the start-up prefill's requests: several, as in a full step of a burst (8,192 tokens of 100-1,024-token prompts hold
-# ~15), whose first launches a one-request step does not make (Engine.warm_up_prefill)
+# the start-up prefill's requests: several, as in a full step of a burst of short prompts, whose first launches a
+# one-request step does not make (Engine.warm_up_prefill)
 WARM_UP_PREFILL_REQS = 16
 
 
@@ -95,11 +95,10 @@ class Scheduler(SchedulerIOMixin):
         self.device = self.engine.device
         # full prefill steps replay a graph instead of launching every kernel from the host
         self.engine.capture_prefill_graph(config.max_extend_tokens)
-        warm_up = is_cuda(self.device) and not ENV.DISABLE_PREFILL_WARM_UP.value
-        if warm_up:  # the first long prompt, and the first step of many requests, pay no first launches
+        warm_up = is_cuda(self.device)
+        if warm_up:  # the first long prompt, the first step of many requests, a new token count: no first calls
             self.engine.warm_up_prefill(config.max_extend_tokens, WARM_UP_PREFILL_REQS)
-        if is_cuda(self.device) and not ENV.DISABLE_GEMM_WARM_UP.value:
-            self.engine.warm_up_gemms(config.max_extend_tokens)  # nor does a step of a token count not seen before
+            self.engine.warm_up_gemms(config.max_extend_tokens)
         # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
         self.stream = create_stream(self.device)
         page_size = config.page_size
