@@ -70,9 +70,11 @@ class TritonCaptureData:
 
 class TritonBackend(BaseAttnBackend):
     def __init__(self, config: ModelConfig):
-        from ..kernel import triton_attention  # imported here: Triton is only needed when this backend is used
+        # imported here: Triton is only needed when this backend is used
+        from ..kernel import triton_attention, triton_prefill
 
         self._kernels = triton_attention
+        self._prefill = triton_prefill
         ctx = get_global_ctx()
         self.kv_cache = ctx.kv_cache
         self.page_table = ctx.page_table
@@ -95,7 +97,7 @@ class TritonBackend(BaseAttnBackend):
         self.prefill_capture: TritonPrefillCaptureData | None = None
         self._prefill_max_reqs = 0  # init_prefill_capture
         # query tokens per program of the prefill kernel, for its block maps
-        self._prefill_block_m = self._kernels.prefill_block_m(
+        self._prefill_block_m = self._prefill.prefill_block_m(
             getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads)
 
     def _num_splits(self, bs: int) -> int:
@@ -105,7 +107,7 @@ class TritonBackend(BaseAttnBackend):
         lens = batch_seq_lens(batch)
         parts = [lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx]
         if not lens.is_decode:
-            parts.append(torch.from_numpy(self._kernels.prefill_block_map(
+            parts.append(torch.from_numpy(self._prefill.prefill_block_map(
                 lens.seqlens_q.numpy(), lens.seqlens_k.numpy(), self._prefill_block_m)))
         # the int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
         cu_seqlens_q, seq_lens, table_idx, *block_map = to_device_packed(parts, self.device)
@@ -132,7 +134,7 @@ class TritonBackend(BaseAttnBackend):
                 mid_o=meta.mid_o, mid_lse=meta.mid_lse, **scales,
             )
         block_map = (self._prefill_block_m, meta.block_map) if meta.block_map is not None else None
-        return self._kernels.prefill_attention(
+        return self._prefill.prefill_attention(
             q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
             meta.max_seqlen_q, self.scale, block_map=block_map, **scales,
         )
@@ -151,7 +153,7 @@ class TritonBackend(BaseAttnBackend):
         self.prefill_capture = TritonPrefillCaptureData(*buffers)
 
     def _prefill_capacity(self, num_tokens: int) -> int:
-        return self._kernels.prefill_block_map_capacity(num_tokens, min(self._prefill_max_reqs, num_tokens),
+        return self._prefill.prefill_block_map_capacity(num_tokens, min(self._prefill_max_reqs, num_tokens),
                                                         self._prefill_block_m)
 
     def prepare_for_prefill_capture(self, batch: Batch) -> None:

@@ -8,7 +8,7 @@ server's burst of prompts goes in as back-to-back steps of exactly that many tok
 waits for it. Replayed from a graph, such a step costs the host a few copies and one launch.
 
 What lets one graph serve every batch of its token count is the attention: the Triton prefill kernel takes its
-(request, query block) work list from the device (``kernel/triton_attention.py: prefill_block_map``) with a grid
+(request, query block) work list from the device (``kernel/triton_prefill.py: prefill_block_map``) with a grid
 of the list's capacity, so nothing of the launch depends on the batch's requests or their lengths. Everything
 else in the stack is shaped by the token count alone. A replay copies the batch's token ids, positions, KV slots
 (``PrefillCaptureBuffer``) and attention metadata (the backend's ``prepare_for_prefill_replay``) into the
@@ -184,7 +184,7 @@ class PrefillGraphRunner:
         pad = size - num_tokens
         lens = [PAD_REQ_TOKENS] * (pad // PAD_REQ_TOKENS) + ([pad % PAD_REQ_TOKENS] if pad % PAD_REQ_TOKENS else [])
         # the attention's buffers hold min(max_reqs, size) requests, and its work list as many blocks more than
-        # the tokens fill (kernel/triton_attention.py: prefill_block_map_capacity)
+        # the tokens fill (kernel/triton_prefill.py: prefill_block_map_capacity)
         if len(batch.reqs) + len(lens) > min(self.max_reqs, size):
             return
         batch.padded_reqs += [self._pad_req(n) for n in lens]

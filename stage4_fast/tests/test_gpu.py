@@ -43,7 +43,8 @@ def _libs() -> list[str]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_attention_at_qwen3_shape(dtype):
-    from stage4_fast.kernel.triton_attention import decode_attention, prefill_attention
+    from stage4_fast.kernel.triton_attention import decode_attention
+    from stage4_fast.kernel.triton_prefill import prefill_attention
 
     gen = torch.Generator().manual_seed(0)
     hq, hkv, d, slots = 16, 8, 128, 8192
@@ -133,7 +134,8 @@ def test_cuda_fp8_store_matches_reference_bit_for_bit(dtype, kv):
 
 @pytest.mark.parametrize("kv", FP8)
 def test_triton_attention_reads_an_fp8_cache_at_qwen3_shape(kv):
-    from stage4_fast.kernel.triton_attention import decode_attention, prefill_attention
+    from stage4_fast.kernel.triton_attention import decode_attention
+    from stage4_fast.kernel.triton_prefill import prefill_attention
 
     gen = torch.Generator().manual_seed(0)
     hq, hkv, d, slots = 16, 8, 128, 8192

@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need the triton package (the [test] extra installs it)")
 
 from stage4_fast.kernel.ref import paged_attention_ref  # noqa: E402
-from stage4_fast.kernel.triton_attention import (  # noqa: E402
-    decode_attention,
+from stage4_fast.kernel.triton_attention import decode_attention  # noqa: E402
+from stage4_fast.kernel.triton_prefill import (  # noqa: E402
     prefill_attention,
     prefill_block_m,
     prefill_block_map,
