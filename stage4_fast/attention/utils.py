@@ -48,8 +48,8 @@ def _prefix_sums(lengths: np.ndarray) -> torch.Tensor:
 
 def make_seq_lens(reqs: Sequence[Req]) -> SeqLens:
     """The lengths of ``reqs`` as they are now. One pass over the requests per column (``map`` of an attrgetter,
-    in C) and the rest in numpy: the scheduler needs them for every request at every step (a decode batch of 200:
-    ~35 us, against ~59 us for Python lists of Req properties turned into tensors)."""
+    in C) and the rest in numpy, not Python lists of Req properties turned into tensors: the scheduler needs them
+    for every request at every step."""
     table_idx, cached, seqlens_k = (_column(reqs, getter) for getter in (_TABLE_IDX, _CACHED_LEN, _DEVICE_LEN))
     seqlens_q = seqlens_k - cached
     return SeqLens(

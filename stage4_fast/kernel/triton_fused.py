@@ -36,8 +36,7 @@ from .ref import is_fp8
 # wait. That is safe where the kernel follows a projection of those rows launched by cuBLAS: such a GEMM starts only
 # once the kernel that wrote the rows has finished (edges into cuBLAS's GEMMs are full ones, kernel/pdl_graph.py),
 # so no kernel that may still be running writes them. The deferred norms' layers are built that way
-# (models/decoder.py); reading them after the wait measured 0.5-1.6 % slower end to end
-# (bench/results/h200-deferred-norms.md).
+# (models/decoder.py); reading them after the wait would only delay the kernel.
 
 
 @triton.jit

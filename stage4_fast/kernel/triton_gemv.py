@@ -91,9 +91,9 @@ def _gemv_kernel(X, W, Bias, Y, R, NormW, ResOut, N, K, stride_wn, eps,
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_mask)
 
 
-# Launch (output rows per program, K slice, warps) from `python -m bench gemv-sweep` on the H200 at the Qwen3-0.6B
-# shapes (bench/gpu_notes.md, "single stream"): narrow outputs (o_proj, down_proj: 1,024) want 2 rows per program
-# so that 512 programs cover the GPU, wide ones (qkv 4,096, gate_up 6,144) 8 rows and shorter K slices.
+# Launch (output rows per program, K slice, warps), tuned at the Qwen3-0.6B shapes: narrow outputs (o_proj,
+# down_proj: 1,024) want 2 rows per program so that 512 programs cover the GPU, wide ones (qkv 4,096, gate_up
+# 6,144) 8 rows and shorter K slices.
 GEMV_NARROW = (2, 1024, 4)
 GEMV_WIDE = (8, 512, 2)
 GEMV_WIDE_FROM = 4096  # outputs

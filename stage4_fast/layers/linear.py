@@ -132,11 +132,9 @@ class LinearOProj(LinearRowParallel):
 def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
     """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros; the outputs are dropped).
 
-    cuBLAS chooses a kernel the first time it sees a GEMM's shape: 0.15-3 ms of host per projection at a row count
-    the process has not run before (``bench/results/h100-gemm-first-calls.md``). A prefill step's token count is
-    often a new one (a burst's first and last steps, a lone prompt), and prefill steps are launched eagerly at the
-    host's pace: 6-9 ms more host for such a step, with the device waiting. Returns the number of distinct
-    projections."""
+    cuBLAS chooses a kernel on the host the first time it sees a GEMM's shape. A prefill step's token count is often
+    a new one (a burst's first and last steps, a lone prompt), and an eager prefill step is launched at the host's
+    pace, so the device would wait for those choices. Returns the number of distinct projections."""
     layers: Dict[tuple, _LinearTPImpl] = {}
     for op in model.walk():
         if isinstance(op, _LinearTPImpl):

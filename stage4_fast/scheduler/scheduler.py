@@ -28,7 +28,7 @@ from typing import Any, Deque, Dict, List, NamedTuple, NoReturn, Sequence, Set, 
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from ..attention.utils import SeqLens, batch_seq_lens
+from ..attention.utils import batch_seq_lens
 from ..core import Batch, Req
 from ..engine import Engine
 from ..engine.engine import ForwardOutput
@@ -47,10 +47,10 @@ from ..message import (
     TokenLogprobs,
     UserMsg,
 )
-from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, LogprobArgs
-from ..utils import int_tensor
-from ..utils.device import create_stream, is_cuda, stream_context, synchronize, to_device_packed
+from ..sampling import GrammarBackend
+from ..utils.device import create_stream, is_cuda, stream_context, synchronize
 from ..utils.hf import load_tokenizer, resolve_model_path
+from .api_fields import ApiFieldsMixin
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
@@ -59,7 +59,7 @@ from .prefill import ChunkedReq, PrefillManager, estimated_kv_tokens
 from .step_log import StepLog
 from .stream_interval import StreamInterval
 from .table import TableManager
-from .utils import run_indices, scatter_runs
+from .utils import make_index_tuples, scatter_runs
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ForwardData(NamedTuple):
     batch_id: int  # launch order, to know when a released request's last batch has completed
 
 
-class Scheduler(SchedulerIOMixin):
+class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
     def __init__(self, config: SchedulerConfig) -> None:
         if config.max_extend_tokens < 1:
             raise ValueError("max_extend_tokens must be at least 1")
@@ -198,18 +198,6 @@ class Scheduler(SchedulerIOMixin):
             return
         self.prefill_manager.add_one_req(msg)
 
-    def _check_api_fields(self, msg: UserMsg) -> str | None:
-        """The production API's fields: what the API server cannot check (logit_bias ids against the vocabulary),
-        and its bounds again for the offline LLM's callers."""
-        params, vocab_size = msg.sampling_params, self.engine.config.model_config.vocab_size
-        if any(not 0 <= int(tid) < vocab_size for tid, _ in params.logit_bias):
-            return f"logit_bias token ids must be in [0, {vocab_size})"
-        if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
-            return f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.logprobs}"
-        if not 0.01 <= params.repetition_penalty <= 10.0:  # as the API's bounds
-            return f"repetition_penalty must be in [0.01, 10], got {params.repetition_penalty}"
-        return None
-
     def _abort_req(self, uid: int) -> None:
         # Fix of upstream bug 4: upstream frees an aborted request right here, although the batch in flight may
         # still hold it (its prefill is then cached a second time: double free, a lock never released). Here the
@@ -287,7 +275,7 @@ class Scheduler(SchedulerIOMixin):
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         self.engine.pad_batch(batch)
         lens = batch_seq_lens(batch)  # one pass over the requests for everything below and the attention backend
-        input_tuple, write_tuple = _make_index_tuples(batch, lens, self.device)
+        input_tuple, write_tuple = make_index_tuples(batch, lens, self.device)
         batch.positions = input_tuple[1].to(torch.int32)
         # a decode step's new slots go where its input tokens sit: (row, position) of the first batch.size inputs
         n = batch.size
@@ -388,43 +376,6 @@ class Scheduler(SchedulerIOMixin):
             reply.append(columns)
         if out := self.stream_out.step(reply):
             self.send_result(out)
-
-    def _token_logprobs(self, batch: Batch, tokens: List[int], args: LogprobArgs | None,
-                        logprobs: BatchLogprobs | None) -> Dict[int, TokenLogprobs]:
-        """Batch row -> its sampled token's logprobs; echo chunks' prompt logprobs go to ``_prompt_logprobs``."""
-        if args is None or logprobs is None:
-            return {}
-        out: Dict[int, TokenLogprobs] = {}
-        values, top_ids, top_values = (logprobs.token_logprobs.tolist(), logprobs.top_ids.tolist(),
-                                       logprobs.top_logprobs.tolist())
-        for j, i in enumerate(args.rows_host):
-            k = batch.reqs[i].sampling_params.logprobs
-            out[i] = TokenLogprobs([tokens[i]], [values[j]], [top_ids[j][:k]], [top_values[j][:k]])
-        if args.prompt_segments:
-            assert logprobs.prompt_token_logprobs is not None
-            assert logprobs.prompt_top_ids is not None and logprobs.prompt_top_logprobs is not None
-            p_values, p_ids, p_top = (logprobs.prompt_token_logprobs.tolist(), logprobs.prompt_top_ids.tolist(),
-                                      logprobs.prompt_top_logprobs.tolist())
-            for i, start, count in args.prompt_segments:
-                req = batch.reqs[i]
-                if self._is_stale(req):
-                    continue
-                k, end = req.sampling_params.logprobs, start + count
-                acc = self._prompt_logprobs.setdefault(req.uid, TokenLogprobs())
-                acc.extend(TokenLogprobs([], p_values[start:end], [t[:k] for t in p_ids[start:end]],
-                                         [t[:k] for t in p_top[start:end]]))
-        return out
-
-    def _echoed_prompt(self, req: Req) -> TokenLogprobs:
-        """The prompt's ids for echo, with the logprobs its chunks collected when logprobs were asked (the first
-        token's is None: nothing predicts it)."""
-        ids = req.input_ids.tolist()
-        acc = self._prompt_logprobs.pop(req.uid, None)
-        if not req.sampling_params.wants_prompt_logprobs:
-            return TokenLogprobs(ids, [None] * len(ids), [[] for _ in ids], [[] for _ in ids])
-        acc = acc or TokenLogprobs()
-        assert len(acc.logprobs) == len(ids) - 1, (len(acc.logprobs), len(ids))
-        return TokenLogprobs(ids, [None, *acc.logprobs], [[], *acc.top_ids], [[], *acc.top_logprobs])
 
     def _reject_stuck_head(self) -> None:
         """Called when nothing runs, nothing is in flight and yet no prefill could be formed: the head request can
@@ -555,30 +506,3 @@ def _eos_token_id(tokenizer: PreTrainedTokenizerBase | None, hf_config: Pretrain
     return -1 if eos is None else int(eos)  # -1: no EOS, requests end by length only
 
 
-def _input_index(lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(row, position) of every input token in the token pool (host, int64): a decode step's are the requests'
-    rows and cached lengths; a prefill's run from each request's cached length to its device length."""
-    if lens.is_decode:  # (a decode batch extends every request by one)
-        return lens.table_idx.to(torch.int64), lens.cached_lens.to(torch.int64)
-    return run_indices(lens.table_idx.numpy(), lens.cached_lens.numpy(), lens.seqlens_q.numpy())
-
-
-def _write_rows_and_cols(batch: Batch, lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Where each request's sampled token goes in the token pool (host). The sampled token's position is device_len
-    before the forward. A chunk's token is junk: it goes to the last column of its own row, which is never read
-    before the request overwrites it (as upstream)."""
-    n = batch.size
-    rows = lens.table_idx[:n].to(torch.int64)
-    if batch.is_decode:  # every request of a decode batch can decode (the running set keeps no other)
-        return rows, lens.seqlens_k[:n].to(torch.int64)
-    cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
-    return rows, cols
-
-
-def _make_index_tuples(batch: Batch, lens: SeqLens, device: torch.device
-                        ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
-    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its input ids from and writes
-    its sampled tokens to. The four host index rows go to the device in one copy (each copy costs the host a
-    pinned buffer and a launch, and at one stream the host's loop sets the pace)."""
-    index = to_device_packed([*_input_index(lens), *_write_rows_and_cols(batch, lens)], device)
-    return (index[0], index[1]), (index[2], index[3])

@@ -6,11 +6,11 @@ it lines up with a benchmark client's), the batch it launched (``"prefill"``, ``
 input tokens), the host's milliseconds in each part of the loop (receiving messages, which includes waiting for one
 when idle; scheduling and preparing the batch; launching its forward; processing the previous batch's results) and,
 inside the last part, how long it waited for the device to finish that batch; then the queues. A loop that never
-waits for the device is one where the host sets the pace (``bench/results/h100-gemm-first-calls.md``, section 1).
+waits for the device is one where the host sets the pace.
 
 The lines are kept in memory and written when the scheduler goes idle, when it shuts down, and every MAX_ROWS loops
-of a scheduler that never goes idle (a file write between two steps then, every 10-20 s at a GPU's step rate, instead of
-memory that grows with the server's uptime); nothing at all when the variable is unset.
+of a scheduler that never goes idle (a file write between two steps now and then, instead of memory that grows with
+the server's uptime); nothing at all when the variable is unset.
 """
 
 from __future__ import annotations

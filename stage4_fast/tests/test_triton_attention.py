@@ -227,7 +227,7 @@ def test_fp8_cache_under_16_bit_queries_follows_the_reference(kv, q_dtype):
 
 def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
     """On a GPU an fp8 pool's decode kernel launches with DECODE_LAUNCH_FP8, at most DECODE_MAXNREG_FP8 registers per
-    thread (uncapped it held ~200, half the programs per SM a bf16 pool runs: bench/gpu_notes.md); a bf16 pool's
+    thread (uncapped, it would hold so many that fewer programs fit an SM than a bf16 pool runs); a bf16 pool's
     launch stays uncapped. Checked on the launch arguments, with the kernel stubbed (the interpreter has no
     registers)."""
     from stage4_fast.kernel import triton_attention as ta
