@@ -113,21 +113,18 @@ class FlashInferBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
         lens = batch_seq_lens(batch)
-        batch.attn_metadata = FIMetadata(
-            cu_seqlens_q_cpu=lens.cu_seqlens_q,
-            cu_seqlens_k_cpu=lens.cu_seqlens_k,
-            cu_seqlens_q_gpu=upload(lens.cu_seqlens_q, self.device),
-            indices=self._kv_indices(lens),
-            last_page_len_cpu=torch.ones(len(reqs), dtype=torch.int32),
-            seq_lens_cpu=lens.seqlens_k,
-            num_qo_heads=self.qo_head_local,
-            num_kv_heads=self.kv_head_local,
-            head_dim=self.head_dim,
-            dtype=self.kv_cache.compute_dtype,
-            kv_dtype=self.kv_cache.dtype,
-            wrapper=self.decode_wrapper if lens.is_decode else self.prefill_wrapper,
-            is_decode=lens.is_decode,
+        batch.attn_metadata = self._metadata(
+            lens.cu_seqlens_q, lens.cu_seqlens_k, upload(lens.cu_seqlens_q, self.device), self._kv_indices(lens),
+            torch.ones(len(reqs), dtype=torch.int32), lens.seqlens_k,
+            self.decode_wrapper if lens.is_decode else self.prefill_wrapper, lens.is_decode,
         )
+
+    def _metadata(self, cu_seqlens_q_cpu: torch.Tensor, cu_seqlens_k_cpu: torch.Tensor, cu_seqlens_q_gpu: torch.Tensor,
+                  indices: torch.Tensor, last_page_len_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, wrapper: Any,
+                  is_decode: bool) -> FIMetadata:
+        return FIMetadata(cu_seqlens_q_cpu, cu_seqlens_k_cpu, cu_seqlens_q_gpu, indices, last_page_len_cpu,
+                          seq_lens_cpu, self.qo_head_local, self.kv_head_local, self.head_dim,
+                          self.kv_cache.compute_dtype, self.kv_cache.dtype, wrapper, is_decode)
 
     def _kv_indices(self, lens: SeqLens) -> torch.Tensor:
         """The token slots of every request's row, concatenated: a handful of device ops whatever the batch size
@@ -184,13 +181,8 @@ class FlashInferBackend(BaseAttnBackend):
             cap = self.capture
             assert cap is not None, "init_capture_graph first"
             self.graph_wrappers[bs] = self._flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-                self.float_workspace,
-                indptr_buffer=cap.cu_seqlens_k[: bs + 1],
-                indices_buffer=cap.indices,
-                last_page_len_buffer=cap.one_tensor[:bs],
-                kv_layout="NHD",
-                use_tensor_cores=self.use_tensor_cores,
-            )
+                self.float_workspace, indptr_buffer=cap.cu_seqlens_k[: bs + 1], indices_buffer=cap.indices,
+                last_page_len_buffer=cap.one_tensor[:bs], kv_layout="NHD", use_tensor_cores=self.use_tensor_cores)
         return self.graph_wrappers[bs]
 
     def prepare_for_capture(self, batch: Batch) -> None:
@@ -200,21 +192,10 @@ class FlashInferBackend(BaseAttnBackend):
         # the capture batch: the engine's dummy request, length 1, at its own slot (the zeroed dummy page); slot 0,
         # the buffers' initial value, is not written yet when graphs are captured. A replay plans the real slots.
         cap.indices[:bs].copy_(self._kv_indices(batch_seq_lens(batch)))
-        meta = FIMetadata(
-            cu_seqlens_q_cpu=torch.arange(bs + 1, dtype=torch.int32),
-            cu_seqlens_k_cpu=torch.arange(bs + 1, dtype=torch.int32),
-            cu_seqlens_q_gpu=cap.cu_seqlens_q[: bs + 1],
-            indices=cap.indices[:bs],
-            last_page_len_cpu=torch.ones(bs, dtype=torch.int32),
-            seq_lens_cpu=torch.ones(bs, dtype=torch.int32),
-            num_qo_heads=self.qo_head_local,
-            num_kv_heads=self.kv_head_local,
-            head_dim=self.head_dim,
-            dtype=self.kv_cache.compute_dtype,
-            kv_dtype=self.kv_cache.dtype,
-            wrapper=self._graph_wrapper(bs),
-            is_decode=True,
-        )
+        one_each = torch.arange(bs + 1, dtype=torch.int32)
+        meta = self._metadata(one_each, one_each, cap.cu_seqlens_q[: bs + 1], cap.indices[:bs],
+                              torch.ones(bs, dtype=torch.int32), torch.ones(bs, dtype=torch.int32),
+                              self._graph_wrapper(bs), True)
         self._plan(meta)
         batch.attn_metadata = meta
 

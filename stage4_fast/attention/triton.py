@@ -1,5 +1,6 @@
-"""Triton backend: our own paged decode/prefill kernels (``kernel/triton_attention.py``), so a GPU without
-FlashInfer or FlashAttention is still fast, and a CPU can run the same code under the Triton interpreter.
+"""Triton backend: our own paged decode/prefill kernels (``kernel/triton_attention.py``, ``triton_prefill.py``),
+so a GPU without FlashInfer or FlashAttention is still fast, and a CPU can run the same code under Triton's
+interpreter.
 
 An fp8 pool is read as stored: the kernels convert each loaded K/V block in registers (``--kv-cache-dtype``).
 
@@ -37,7 +38,7 @@ class TritonMetadata(BaseAttnMetadata):
     num_splits: int = 1  # decode split-K factor
     mid_o: torch.Tensor | None = None  # decode scratch (fixed buffers under a CUDA graph)
     mid_lse: torch.Tensor | None = None
-    # prefill: the kernel's (request, query block) work list on the device (kernel/triton_attention.py:
+    # prefill: the kernel's (request, query block) work list on the device (kernel/triton_prefill.py:
     # prefill_block_map), its programs run those instead of a grid sized by the batch and max_seqlen_q
     block_map: torch.Tensor | None = None
 
@@ -111,14 +112,9 @@ class TritonBackend(BaseAttnBackend):
                 lens.seqlens_q.numpy(), lens.seqlens_k.numpy(), self._prefill_block_m)))
         # the int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
         cu_seqlens_q, seq_lens, table_idx, *block_map = to_device_packed(parts, self.device)
-        batch.attn_metadata = TritonMetadata(
-            cu_seqlens_q=cu_seqlens_q,
-            seq_lens=seq_lens,
-            table_idx=table_idx,
-            max_seqlen_q=lens.max_seqlen_q,
-            num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
-            block_map=block_map[0] if block_map else None,
-        )
+        num_splits = self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1
+        batch.attn_metadata = TritonMetadata(cu_seqlens_q, seq_lens, table_idx, lens.max_seqlen_q, num_splits,
+                                             block_map=block_map[0] if block_map else None)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
                 kv_stored: bool = False) -> torch.Tensor:
@@ -187,12 +183,10 @@ class TritonBackend(BaseAttnBackend):
         i32 = dict(dtype=torch.int32, device=self.device)
         f32 = dict(dtype=torch.float32, device=self.device)
         self.capture = TritonCaptureData(
-            table_idx=torch.zeros(max_bs, **i32),
-            seq_lens=torch.ones(max_bs, **i32),
+            table_idx=torch.zeros(max_bs, **i32), seq_lens=torch.ones(max_bs, **i32),
             cu_seqlens_q=torch.arange(max_bs + 1, **i32),
             mid_o=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, self.head_dim, **f32),
-            mid_lse=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, **f32),
-        )
+            mid_lse=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, **f32))
 
     def prepare_for_capture(self, batch: Batch) -> None:
         cap = self.capture

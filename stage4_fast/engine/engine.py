@@ -118,9 +118,14 @@ class Engine:
                 config.max_running_req + 1, align_ceil(self.max_seq_len, 32), dtype=torch.int32, device=self.device
             )
             self._create_backends(model_config)
-            # the dummy request pads batches up to a graph's size; its slots are the pool's last page
-            self.dummy_req = Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
-                                 cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams())
+            self.dummy_req = Req(
+                input_ids=torch.tensor([0], dtype=torch.int32),
+                table_idx=config.max_running_req,
+                cached_len=0,
+                output_len=1,
+                uid=-1,
+                sampling_params=SamplingParams(),
+            )
             self.page_table[self.dummy_req.table_idx].fill_(self.num_pages * config.page_size)
             self.graph_runner = GraphRunner(
                 stream=self.stream, device=self.device, model=self.model, attn_backend=self.attn_backend,

@@ -104,21 +104,19 @@ def gemv_launch(n: int) -> tuple[int, int, int]:
     return GEMV_WIDE if n >= GEMV_WIDE_FROM else GEMV_NARROW
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False,
-         launch: tuple[int, int, int] | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
     """x [1, K] (``gated``: [1, 2K] = [gate | up], multiplied as silu(gate) * up first), weight [N, K] with unit
-    stride along K, bias [N] or None -> [1, N] in x's dtype. ``launch`` overrides ``gemv_launch`` (benchmarks)."""
+    stride along K, bias [N] or None -> [1, N] in x's dtype."""
     assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
     n, k = weight.shape
     assert x.shape[1] == (2 * k if gated else k), f"x has {x.shape[1]} features, the weight {k}"
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _launch(x, weight, bias, y, gated=gated, launch=launch)
+    _launch(x, weight, bias, y, gated=gated)
     return y
 
 
 def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                weight: torch.Tensor, bias: torch.Tensor | None = None,
-                launch: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The RMSNorm with its residual add, then the linear layer, in one kernel: what ``add_rmsnorm`` (or
     ``RMSNormFused.forward``) followed by ``gemv`` computes. x, residual [1, K] -> (y [1, N], the new residual
     stream x + residual [1, K] — a new tensor; x itself when there is no residual)."""
@@ -127,19 +125,19 @@ def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     assert x.shape[1] == k and norm_weight.shape == (k,), f"x has {x.shape[1]} features, the weight {k}"
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     if residual is None:
-        _launch(x, weight, bias, y, norm=(x, norm_weight, x, eps), has_residual=False, launch=launch)
+        _launch(x, weight, bias, y, norm=(x, norm_weight, x, eps), has_residual=False)
         return y, x
     assert residual.shape == x.shape and residual.stride(-1) == 1
     stream = torch.empty_like(x)
-    _launch(x, weight, bias, y, norm=(residual, norm_weight, stream, eps), has_residual=True, launch=launch)
+    _launch(x, weight, bias, y, norm=(residual, norm_weight, stream, eps), has_residual=True)
     return y, stream
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, gated: bool = False,
             norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
-            has_residual: bool = False, launch: tuple[int, int, int] | None = None) -> None:
+            has_residual: bool = False) -> None:
     n, k = weight.shape
-    block_n, block_k, warps = launch or gemv_launch(n)
+    block_n, block_k, warps = gemv_launch(n)
     residual, norm_weight, stream, eps = norm if norm is not None else (x, x, x, 0.0)  # unused without NORM
     pdl, pdl_options = pdl_launch(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](

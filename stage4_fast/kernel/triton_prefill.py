@@ -148,11 +148,10 @@ def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_seqlen_q: int,
     sm_scale: float, out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-    launch: tuple[int, int, int, int] | None = None, block_map: tuple[int, torch.Tensor] | None = None,
+    block_map: tuple[int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] (ragged, ``cu_seqlens_q`` [B+1]); K/V of this step must already be in the cache (q's dtype,
-    or fp8 read as stored value x k_scale / v_scale); seq_lens [B] = cached prefix + extend length. ``launch``
-    (rows, key block, warps, stages) overrides ``prefill_launch`` on a GPU (benchmarks). ``block_map`` =
+    or fp8 read as stored value x k_scale / v_scale); seq_lens [B] = cached prefix + extend length. ``block_map`` =
     (block_m, the map on the device, ``prefill_block_map``; it may be longer than its count): the programs run the
     map's entries instead of a (request, KV head, query block) grid, whatever ``max_seqlen_q`` and B say."""
     total, num_qo_heads, head_dim = q.shape
@@ -168,7 +167,7 @@ def prefill_attention(
     if _interpreting():
         rows, block_n, options = 16, 16, {}
     else:
-        rows, block_n, num_warps, num_stages = launch or prefill_launch(q.dtype)
+        rows, block_n, num_warps, num_stages = prefill_launch(q.dtype)
         options = dict(num_warps=num_warps, num_stages=num_stages)
     block_m = max(rows, 16, group_p2) // group_p2  # query tokens per program (tl.dot wants 16 rows or more)
     if block_map is not None:
