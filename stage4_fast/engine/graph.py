@@ -127,8 +127,8 @@ class GraphCaptureBuffer:
                 input_ids=torch.zeros(bs, dtype=torch.int32, device=device),
                 out_loc=torch.full((bs,), dummy_slot, dtype=torch.int32, device=device),
                 positions=torch.zeros(bs, dtype=torch.int32, device=device),
-                # a 16-bit buffer: an fp32 one costs a conversion kernel per replay (at batch 256 and a 152k
-                # vocabulary, 150 MB written and read again by the sampler) and changes no value
+                # a 16-bit buffer: an fp32 one costs a conversion kernel per replay ([batch, vocab] fp32 written and
+                # read again by the sampler) and changes no value
                 logits=torch.empty(bs, vocab_size, dtype=logits_dtype, device=device),
             )
 

@@ -161,8 +161,8 @@ class LLM(Scheduler):
         return results
 
     def _decode_outputs(self, n: int) -> List[str]:
-        """Every output's text, in one tokenizer call per skip_special_tokens setting (a fast tokenizer decodes the
-        batch in parallel: ~0.15 s for the GPU benchmark's 134k tokens one by one on two cores, ~0.07 s at once)."""
+        """Every output's text, in one tokenizer call per skip_special_tokens setting (a fast tokenizer decodes a
+        batch in parallel, where one call per output runs one by one)."""
         texts = [""] * n
         if self.tokenizer is None:
             return texts

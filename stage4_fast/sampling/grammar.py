@@ -78,9 +78,9 @@ def _compile_error(kind: str, e: Exception) -> GrammarError:
 
 class GrammarBackend:
     """Compiled grammars and one matcher per request that has one (keyed by uid). The compiler (importing
-    xgrammar and building the tokenizer's table: 3 to 8 s) is built by the first request with structured output,
-    or, in a server, by ``warm_up_in_background`` at start-up: built by that first request it stalled every running
-    stream for those seconds."""
+    xgrammar and building the tokenizer's table: seconds) is built by the first request with structured output,
+    or, in a server, by ``warm_up_in_background`` at start-up: built by that first request it would stall every
+    running stream for those seconds."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int) -> None:
         self.tokenizer = tokenizer
