@@ -105,12 +105,7 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         return self.full.forward(q, k, v, layer_id, batch, kv_stored)
 
     def forward_linear(
-        self,
-        mixed_qkv: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        conv_weight: torch.Tensor,
-        layer_id: int,
+        self, mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor, layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         """One linear-attention layer. mixed_qkv [T, conv_dim] (the q|k|v projection before the conv), g / beta
@@ -148,7 +143,6 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         cfg, T = self.config, x.shape[0]
         q, k, v = x.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         return (
-            q.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
-            k.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
+            q.reshape(T, cfg.num_k_heads, cfg.head_k_dim), k.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
             v.reshape(T, cfg.num_v_heads, cfg.head_v_dim),
         )

@@ -53,14 +53,10 @@ def make_seq_lens(reqs: Sequence[Req]) -> SeqLens:
     table_idx, cached, seqlens_k = (_column(reqs, getter) for getter in (_TABLE_IDX, _CACHED_LEN, _DEVICE_LEN))
     seqlens_q = seqlens_k - cached
     return SeqLens(
-        seqlens_q=torch.from_numpy(seqlens_q),
-        seqlens_k=torch.from_numpy(seqlens_k),
-        cu_seqlens_q=_prefix_sums(seqlens_q),
-        cu_seqlens_k=_prefix_sums(seqlens_k),
-        table_idx=torch.from_numpy(table_idx),
-        cached_lens=torch.from_numpy(cached),
-        max_seqlen_q=int(seqlens_q.max()) if len(reqs) else 0,
-        max_seqlen_k=int(seqlens_k.max()) if len(reqs) else 0,
+        seqlens_q=torch.from_numpy(seqlens_q), seqlens_k=torch.from_numpy(seqlens_k),
+        cu_seqlens_q=_prefix_sums(seqlens_q), cu_seqlens_k=_prefix_sums(seqlens_k),
+        table_idx=torch.from_numpy(table_idx), cached_lens=torch.from_numpy(cached),
+        max_seqlen_q=int(seqlens_q.max()) if len(reqs) else 0, max_seqlen_k=int(seqlens_k.max()) if len(reqs) else 0,
     )
 
 
@@ -96,10 +92,8 @@ class BaseCaptureData:
             return torch.zeros(*shape, dtype=torch.int32, device=device)
 
         return cls(
-            seq_lens=torch.ones(max_bs, dtype=torch.int32, device=device),
-            positions=i32(max_bs),
+            seq_lens=torch.ones(max_bs, dtype=torch.int32, device=device), positions=i32(max_bs),
             cu_seqlens_k=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
-            page_table=i32(max_bs, max_seq_len),
-            **kwargs,
+            page_table=i32(max_bs, max_seq_len), **kwargs,
         )

@@ -105,8 +105,7 @@ _DECODE_UNSPECIALISED = ["num_splits"]
 def _decode_split_kernel(
     Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    sm_scale, v_scale, num_splits,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
     WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
@@ -179,9 +178,7 @@ def _decode_split_kernel(
 
 @triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
 def _decode_combine_kernel(
-    MidO, MidLse, Out,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    num_splits,
+    MidO, MidLse, Out, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)

@@ -23,8 +23,7 @@ from .triton_attention import LOG2E, _attend_key_block, _dot_precision, _fp16_do
 def _prefill_kernel(
     Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens, BlockMap,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
-    sm_scale, v_scale,
-    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    sm_scale, v_scale, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
     MAPPED: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
 ):
@@ -81,8 +80,7 @@ def _prefill_kernel(
         pos = n0 + offs_n
         acc, m_i, l_i = _attend_key_block(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False,
-            BLOCK_D != HEAD_DIM,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False, BLOCK_D != HEAD_DIM,
         )
     end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)  # the causal horizon of this query block
     for n0 in range(full_end, end, BLOCK_N):
@@ -91,8 +89,7 @@ def _prefill_kernel(
         visible = n_mask[None, :] & (pos[None, :] <= (prefix + offs_m)[:, None])  # key 0: every row sees one
         acc, m_i, l_i = _attend_key_block(
             q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
-            BLOCK_D != HEAD_DIM,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True, BLOCK_D != HEAD_DIM,
         )
     out = acc / l_i[:, None] * v_scale
     tl.store(Out + tokens[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -180,8 +177,7 @@ def prefill_attention(
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens, mapped,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0), out.stride(0), out.stride(1),
-        sm_scale * k_scale * LOG2E, v_scale,
+        page_table.stride(0), out.stride(0), out.stride(1), sm_scale * k_scale * LOG2E, v_scale,
         GROUP=group, GROUP_P2=group_p2, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
         FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), MAPPED=block_map is not None, NUM_KV_HEADS=num_kv_heads,

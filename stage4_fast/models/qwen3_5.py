@@ -27,15 +27,7 @@ import torch.nn.functional as F
 from ..attention.hybrid_linear import HybridLinearAttnBackend
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
-from ..layers import (
-    BaseOP,
-    LinearOProj,
-    LinearQKVMerged,
-    LinearReplicated,
-    OPList,
-    VocabParallelEmbedding,
-    get_rope,
-)
+from ..layers import BaseOP, LinearOProj, LinearQKVMerged, LinearReplicated, OPList, VocabParallelEmbedding, get_rope
 from ..layers.norm import rms_norm
 from ..utils import div_even
 from .config import ModelConfig
