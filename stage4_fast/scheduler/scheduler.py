@@ -44,7 +44,6 @@ from ..message import (
     StatsBackendMsg,
     StatsMsg,
     TokenColumnsMsg,
-    TokenLogprobs,
     UserMsg,
 )
 from ..sampling import GrammarBackend
@@ -63,9 +62,7 @@ from .utils import make_index_tuples, scatter_runs
 
 logger = logging.getLogger(__name__)
 
-# the start-up prefill's requests: several, as in a full step of a burst of short prompts, whose first launches a
-# one-request step does not make (Engine.warm_up_prefill)
-WARM_UP_PREFILL_REQS = 16
+WARM_UP_PREFILL_REQS = 16  # as in a full step of short prompts: launches a one-request step lacks (warm_up_prefill)
 
 
 class ForwardInput(NamedTuple):
@@ -103,12 +100,10 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self.stream = create_stream(self.device)
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
-        if warm_up:  # a prefill batch's scatter into the token pool, whose first launch loads its kernel: once here,
-            # zeros into the padding row (which holds zeros)
+        if warm_up:  # a prefill batch's scatter into the token pool loads its kernel: once here, zeros into zeros
             padding_row = self.engine.dummy_req.table_idx
             scatter_runs(self.table_manager.token_pool, [(padding_row, 0, torch.zeros(2, dtype=torch.int32))])
-        # a linear layer's state after a prefix cannot be rebuilt from the prefix's KV: hybrid models get no prefix
-        # sharing (naive cache), whatever was asked (attention/hybrid_linear.py)
+        # a linear layer's state cannot be rebuilt from a prefix's KV: hybrid models share no prefix (hybrid_linear.py)
         cache_type = "naive" if self.engine.config.model_config.linear_attn is not None else config.cache_type
         self.cache_manager = CacheManager(self.engine.num_pages, page_size, self.engine.page_table, cache_type)
         self.decode_manager = DecodeManager(page_size)
@@ -116,13 +111,11 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self.tokenizer = _try_load_tokenizer(config.model_path)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.engine.config.hf_config)
         self.engine.sampler.eos_token_id = self.eos_token_id  # min_tokens holds it back
-        # structured output: a grammar matcher per request that has one (sampling/grammar.py)
-        self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)
+        self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)  # a matcher each
         self.engine.sampler.grammar = self.grammar
         if not config.offline_mode:  # a server: xgrammar's start-up cost off the first structured request's path
             self.grammar.warm_up_in_background()
-        # echo with logprobs: uid -> the prompt logprobs of the chunks prefilled so far
-        self._prompt_logprobs: Dict[int, TokenLogprobs] = {}
+        self._prompt_logprobs = {}  # echo with logprobs (ApiFieldsMixin)
         self.num_prefill_tokens = 0  # prompt tokens computed (not served by the prefix cache), for /v1/stats
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
@@ -250,15 +243,12 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         decoding = self.decode_manager.runnable
         budget = self.prefill_budget - len(self.decode_manager.running_reqs)
         if self.config.enable_mixed_chunk and decoding and budget > 0:
-            # the running requests ride along: their one token each comes out of the prefill budget (a budget they
-            # fill alone falls back to the steps below)
+            # the running requests ride along, their one token each out of the prefill budget
             if (batch := self.prefill_manager.schedule_next_batch(budget)) is not None:
                 self.decode_manager.join(batch)
         # Prefill first, as upstream and SGLang, except right after a step that was one long prompt's chunk alone
-        # while requests are decoding: then its chunks and decode steps alternate, so running requests keep
-        # producing tokens while the long prompt goes in (a server; offline, chunks go in back to back:
-        # config.decode_between_chunks). A prompt merely cut at the end of a step full of other prompts (a burst of
-        # short ones) goes on at once with the next prompts, as they would without the cut.
+        # while requests decode: then chunks and decode steps alternate (config.decode_between_chunks), so running
+        # requests keep producing tokens. A prompt merely cut at the end of a full step goes on with the next ones.
         elif not (self._last_was_lone_chunk and decoding and self.config.decode_between_chunks):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
@@ -328,7 +318,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
         reply: List[BaseTokenizerMsg] = []
         # a token with nothing else to report goes into three columns, not a message of its own (TokenColumnsMsg);
-        # with a stream interval the held tokens are messages (StreamInterval picks them by uid)
+        # with a stream interval, tokens are messages (StreamInterval holds them by uid)
         columns = TokenColumnsMsg([], [], [])
         plain_uid, plain_token = columns.uids.append, columns.tokens.append
         plain_skip = columns.skip_special_tokens.append
