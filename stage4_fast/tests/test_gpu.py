@@ -260,11 +260,11 @@ def test_one_token_chain_gives_the_same_bits_with_dependent_launch_in_a_graph(mo
     def state(token):
         return [token, x, residual] + [c for w in weights for c in (w["kc"], w["vc"])]
 
-    monkeypatch.setattr(pdl, "_capable", lambda index: False)  # launched as before Hopper: no PDL
-    pdl._enabled.cache_clear()
-    x, residual = x0.clone(), r0.clone()
-    eager = [t.clone() for t in state(_one_token_chain(weights, pool, x, residual))]
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(pdl, "_capable", lambda index: False)  # launched as before Hopper: no PDL
+        pdl._enabled.cache_clear()
+        x, residual = x0.clone(), r0.clone()
+        eager = [t.clone() for t in state(_one_token_chain(weights, pool, x, residual))]
     pdl._enabled.cache_clear()
     x, residual = x0.clone(), r0.clone()
     _one_token_chain(weights, pool, x, residual)  # compiles the PDL variants outside the capture
