@@ -3,14 +3,12 @@
 As upstream, FlashInfer always sees **page size 1**: the KV indices are the token slots of each request's
 page-table row, whatever the engine's page size, and the pool is viewed as [num_slots, 1, kv_heads, D].
 
-``plan`` does host work (it reads the lengths on the host and fills a pinned staging buffer that it then copies
-to the GPU), so it is deferred to the first layer's forward: by then the previous forward has been launched on
-the same stream. Before re-planning we wait for the event recorded after the previous plan, so the pinned
-staging buffer is not overwritten while its copy is still pending (the race upstream fixed in #103).
+``plan`` does host work (it fills a pinned staging buffer from the host lengths and copies it to the GPU), so it
+is deferred to the first layer's forward, when the previous forward is already launched. Before re-planning we wait
+for the event recorded after the previous plan, so the staging buffer is not overwritten while its copy is pending.
 
-An fp8 pool (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) is planned with ``kv_data_type`` fp8 and the model's
-``q_data_type``; FlashInfer reads the fp8 pages and converts them in its kernels, and ``run`` gets the layer's
-scales.
+An fp8 pool (``--kv-cache-dtype``) is planned with ``kv_data_type`` fp8 and the model's ``q_data_type``;
+FlashInfer converts the fp8 pages in its kernels, and ``run`` gets the layer's scales.
 
 CUDA graphs: one ``CUDAGraphBatchDecodeWithPagedKVCacheWrapper`` per captured batch size, whose indptr / indices /
 last-page-length live in fixed buffers; at replay we plan into those buffers right before ``graph.replay()``.

@@ -8,17 +8,12 @@ inputs (``copy_from``) and metadata (``prepare_for_replay``) in.
 
 On CPU, ``EmulatedGraph`` stands in for ``torch.cuda.CUDAGraph``: capture records a closure over the *capture*
 batch and replay re-runs it. Like a real graph the closure never sees the batch being replayed, only the
-buffers, so an input that is not copied in produces a wrong result here too (a test proves it).
+buffers, so an input that is not copied in produces a wrong result here too (a test proves it). Decode batches
+are padded with the engine's dummy request up to the next captured size (``pad_batch``).
 
-Decode batches are padded with the engine's dummy request up to the next captured size (``pad_batch``).
-
-Each graph also ends in the greedy argmax of its logits (``greedy_tokens``): an all-greedy batch then takes its
-tokens from the replay instead of launching the argmax from the host after it, which at one stream is host time on
-every step. A sampled batch leaves them unread.
-
-Where our kernels launch with programmatic dependent launch, each captured graph is rewired before it is
-instantiated so that the kernel after a cuBLAS GEMM launches once the GEMM's programs have all started instead of
-when they have ended (``kernel/pdl_graph.py``).
+Each graph ends in the greedy argmax of its logits (``greedy_tokens``), so an all-greedy batch launches no argmax
+from the host after the replay. Where our kernels launch with programmatic dependent launch, each captured graph
+is rewired before it is instantiated (``kernel/pdl_graph.py``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Fused element-wise kernels for 16-bit GPU forwards: residual add + RMSNorm, per-head q/k RMSNorm + RoPE, and
 SiLU-and-mul, each one kernel where the PyTorch formulation launches 4 to 10.
 
-The last two also take a layer's deferred RMSNorm (``row_scale``, see models/decoder.py): their input is a
-projection of the residual stream h whose norm weight is folded into the projection's weight, so each row is first
-multiplied by h's rsqrt(mean(h^2) + eps), in fp32 and rounded to the dtype (``layers.norm.scale_by_rms_of``). That
-is the norm kernel's work without the norm kernel.
-
 A decode step is over a thousand tiny kernels, most of them these element-wise pieces, and inside a CUDA graph
-each still costs a few microseconds of launch and ramp.
+each still costs its launch and ramp. The last two also take a layer's deferred RMSNorm (``row_scale``, see
+models/decoder.py): each input row is first multiplied by rsqrt(mean(h^2) + eps) of the residual stream's row h,
+in fp32 and rounded to the dtype (``layers.norm.scale_by_rms_of``), the norm kernel's work without the norm kernel.
 
 The kernels round where PyTorch rounds, so they give the bits of the unfused bf16/fp16 path (HF's op order):
 * RMSNorm: normalise in fp32, round to the 16-bit dtype, multiply by the weight and round again;

@@ -3,14 +3,11 @@ for the MLP's down projection with the SiLU-and-mul of its input folded in, and 
 RMSNorm (qkv, gate_up) with the norm and its residual add folded in (one kernel less each).
 
 At one row cuBLAS picks latency-bound kernels that stream the weights far below the memory's bandwidth. A GEMV
-is a pure weight stream: each program owns BLOCK_N output rows,
-walks K in BLOCK_K slices, multiplies in fp32 and reduces once at the end; the grid is wide enough (hundreds of
-programs) to keep every SM's loads in flight.
-
-Rounding: fp32 products and sums, one rounding to the output dtype, as cuBLAS's fp32 accumulation; only the order
-of the fp32 sum differs (last-bit differences in the 16-bit result). The engine uses it for CUDA tensors in
-bf16/fp16 only (``kernel.gemv_kernel_for``). The tests run it under Triton's interpreter on CPU against
-``F.linear``.
+is a pure weight stream: each program owns BLOCK_N output rows, walks K in BLOCK_K slices, multiplies in fp32 and
+reduces once at the end; hundreds of programs keep every SM's loads in flight. Rounding: fp32 products and sums,
+one rounding to the output dtype, as cuBLAS's fp32 accumulation (only the order of the sum differs). The engine
+uses it for CUDA tensors in bf16/fp16 only (``kernel.gemv_kernel_for``); the tests run it under Triton's
+interpreter against ``F.linear``.
 """
 
 from __future__ import annotations

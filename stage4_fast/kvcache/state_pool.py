@@ -6,10 +6,9 @@ linear-attention layer keeps a fixed-size state per request instead: the last K-
 step, which is why they cannot be paged or shared between requests the way KV pages are.
 
 Slots: one per request slot (page-table row), plus the dummy request's row at the end (padding rows of a CUDA-graph
-batch read and write it). The request slot *is* the state slot, so the table manager's allocate/free allocates
-and frees the state too, under the scheduler's existing rule that a finished or aborted request's slot is released
-only after every batch that used it has completed. A request's state needs no clearing on allocation: its first
-prefill (``cached_len == 0``) starts from zeros instead of reading the slot.
+batch read and write it). The request slot *is* the state slot, so it is allocated and freed with it, under the
+scheduler's rule that a slot is released only after every batch that used it has completed. A first prefill
+(``cached_len == 0``) starts from zeros instead of reading the slot, so nothing is cleared on allocation.
 
 The delta-rule state is kept in fp32 whatever the model dtype, as HF and FLA do: it accumulates over the whole
 sequence and bf16 rounding would drift.
