@@ -5,10 +5,10 @@ The engine wraps its attention backend in this one when the model has linear lay
 CUDA-graph runner keep calling one backend: ``prepare_metadata`` / ``prepare_for_capture`` / ``prepare_for_replay``
 fill both the full backend's metadata (``batch.attn_metadata``) and the state metadata (``batch.state_metadata``).
 
-Prefix reuse: a linear layer's state after a prefix cannot be rebuilt from that prefix's KV pages, and it is
-overwritten in place as the request advances, so there is no state to share at a radix-tree node. Hybrid models
-therefore run with the naive prefix cache (the scheduler forces it). ``prepare_metadata`` checks the invariant
-this relies on: a request that does not start from zero has exactly ``cached_len`` tokens folded into its slot.
+No prefix reuse: a linear layer's state after a prefix cannot be rebuilt from that prefix's KV pages and is
+overwritten in place as the request advances, so hybrid models run with the naive prefix cache (the scheduler
+forces it). ``prepare_metadata`` checks the invariant: a request that does not start from zero has exactly
+``cached_len`` tokens folded into its slot.
 """
 
 from __future__ import annotations

@@ -170,8 +170,8 @@ class _LaunchRecorder:
 def test_eager_decode_compiles_nothing_the_graphs_did_not(monkeypatch):
     """Triton compiles a kernel once per specialisation of its integer arguments (== 1, divisible by 16). An eager
     decode-shaped batch (its own scratch, any split count) must fall in the class the CUDA graphs were captured
-    with (fixed scratch MAX_DECODE_SPLITS wide): before, split count 13 with a 13-wide scratch compiled a new
-    variant at the first warm-cache prefill, ~0.8 s on the H200 while every request waited."""
+    with (fixed scratch MAX_DECODE_SPLITS wide): a split count of 13 with a 13-wide scratch would compile a new
+    variant at the first warm-cache prefill while every running request waits."""
     import inspect
 
     from stage4_fast.attention.triton import MAX_DECODE_SPLITS
