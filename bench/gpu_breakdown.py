@@ -16,8 +16,7 @@ Runs the offline workload of `python -m bench` (GPU: upstream's 256 requests) th
    graphs) and the same number of steps run eagerly (graphs switched off for them): kernel time per step by kind
    (GEMM, attention, everything else) and the top kernels.
 3. `--host-profile N`: one more run with Python's cProfile around N scheduler loops from `--host-profile-step`
-   (default: `--profile-step`) on: the functions that take the host's time per loop (the profiler slows Python
-   down, so read the ranking and the shares, not the absolute figures).
+   (default: `--profile-step`) on: the functions that take the host's time per loop (read the ranking and shares).
 
 Every timed run also splits the host's time per scheduler loop by part (receive, admission, prepare, forward call,
 process, the prefix cache's inserts, the wait for tokens) for the loops that launch or process a prefill and for
@@ -38,7 +37,6 @@ import contextlib
 import cProfile
 import importlib
 import json
-import pstats
 import sys
 import time
 from collections import defaultdict
@@ -48,6 +46,7 @@ import torch
 
 from . import meta
 from .meta import ROOT
+from .profiles import report_host_profile, summarize_host_profile, summarize_profile
 from .workloads import offline_workload
 
 BANDS = [(1, 32), (33, 128), (129, 256), (257, 1 << 30)]
@@ -249,55 +248,6 @@ def _allocator_counts() -> dict:
     return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
 
 
-def _self_device_us(evt) -> float:
-    for name in ("self_device_time_total", "self_cuda_time_total"):
-        if hasattr(evt, name):
-            return float(getattr(evt, name))
-    return 0.0
-
-
-def kernel_kind(name: str) -> str:
-    low = name.lower()
-    if any(s in low for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")):
-        return "gemm"
-    if any(s in low for s in ("flashinfer", "batchdecode", "batchprefill", "prefill", "decode_split", "merge",
-                              "attention", "flash")):
-        return "attention"
-    return "other"
-
-
-def summarize_profile(prof, steps: int, wall: float) -> dict:
-    kernels = []
-    for evt in prof.key_averages():
-        us = _self_device_us(evt)
-        if us <= 0 or getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue  # host ops: their kernels are listed themselves
-        kernels.append({"name": evt.key, "kind": kernel_kind(evt.key), "us_per_step": us / steps,
-                        "calls_per_step": evt.count / steps})
-    kernels.sort(key=lambda k: -k["us_per_step"])
-    by_kind: dict = defaultdict(lambda: {"us_per_step": 0.0, "calls_per_step": 0.0})
-    for k in kernels:
-        by_kind[k["kind"]]["us_per_step"] += k["us_per_step"]
-        by_kind[k["kind"]]["calls_per_step"] += k["calls_per_step"]
-    return {"steps": steps, "wall_ms_per_step": wall * 1e3 / steps, "by_kind": dict(by_kind), "top": kernels[:25],
-            "kernel_us_per_step": sum(k["us_per_step"] for k in kernels),
-            "kernels_per_step": sum(k["calls_per_step"] for k in kernels)}
-
-
-def summarize_host_profile(prof: cProfile.Profile, loops: int, top: int = 30) -> dict:
-    """cProfile's functions by their own time per scheduler loop (and with what they call), the largest first."""
-    stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
-    rows = []
-    for (file, line, name), (_, calls, own, cum, _) in stats.items():
-        where = name if file == "~" else f"{Path(file).name}:{line} {name}"
-        rows.append({"function": where, "calls_per_loop": calls / loops, "own_us_per_loop": 1e6 * own / loops,
-                     "cum_us_per_loop": 1e6 * cum / loops})
-    total = sum(r["own_us_per_loop"] for r in rows)
-    by_own = sorted(rows, key=lambda r: -r["own_us_per_loop"])[:top]
-    by_cum = sorted(rows, key=lambda r: -r["cum_us_per_loop"])[:top]
-    return {"loops": loops, "own_us_per_loop_total": total, "top_own": by_own, "top_cumulative": by_cum}
-
-
 HOST_PARTS = ("loop", "receive", "admission", "prepare", "forward", "process", "cache_req", "wait")
 
 
@@ -401,19 +351,7 @@ def report(name: str, s: dict) -> str:
     return "\n".join(lines)
 
 
-def report_host_profile(name: str, hp: dict) -> str:
-    lines = [f"== {name}: cProfile over {hp['loops']} scheduler loops at mean bs {hp['mean_bs']:.0f}: "
-             f"{hp['own_us_per_loop_total'] / 1e3:.2f} ms of Python per loop (profiler on)",
-             "   own time:"]
-    lines += [f"      {r['own_us_per_loop']:8.1f} us/loop {r['calls_per_loop']:7.1f}x  {r['function'][:100]}"
-              for r in hp["top_own"][:20]]
-    lines.append("   with callees:")
-    lines += [f"      {r['cum_us_per_loop']:8.1f} us/loop {r['calls_per_loop']:7.1f}x  {r['function'][:100]}"
-              for r in hp["top_cumulative"][:20]]
-    return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench breakdown", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="CUDA, bf16, upstream's 256 requests")
@@ -428,13 +366,15 @@ def main(argv: list[str]) -> int:
                     help="one more run with cProfile around N scheduler steps from --host-profile-step on")
     ap.add_argument("--host-profile-step", type=int, default=None, help="default: --profile-step")
     ap.add_argument("--calls", type=int, default=1, help="timed generate calls on the same engine (2+: warm cache)")
-    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                    help="override a module constant before the engine starts (e.g. "
-                         "stage4_fast.kernel.triton_attention.DECODE_BLOCK_N=128), for A/B runs")
     ap.add_argument("--stub-forward", action="store_true",
                     help="CPU: the GPU's workload with an instant forward (the host's work alone)")
     ap.add_argument("--label", default=None)
     ap.add_argument("--json", type=Path, default=None)
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.stub_forward:
         if args.gpu:
@@ -451,11 +391,8 @@ def main(argv: list[str]) -> int:
     dtype = torch.bfloat16 if args.gpu else torch.float32
     options = json.loads(args.options)
     label = args.label or f"{args.stage} {options or 'default'}"
-    for target, value in meta.apply_sets(args.set).items():
-        options[f"set:{target}"] = value  # recorded with the results (not an engine option)
-    engine_options = {k: v for k, v in options.items() if not k.startswith("set:")}
     t0 = time.perf_counter()
-    llm = importlib.import_module(f"{args.stage}.llm").LLM(str(model), dtype=dtype, **engine_options)
+    llm = importlib.import_module(f"{args.stage}.llm").LLM(str(model), dtype=dtype, **options)
     params_cls = importlib.import_module(f"{args.stage}.core").SamplingParams
     params = [params_cls(temperature=0.0, max_tokens=o, ignore_eos=True) for o in w.output_lens]
     llm.generate([[1] * 16], [params_cls(max_tokens=4, ignore_eos=True)], use_tqdm=False)  # warm-up
@@ -480,6 +417,15 @@ def main(argv: list[str]) -> int:
             out["first_tokens"] = [r["token_ids"][:8] for r in results[:4]]
         name = f"{label} (timed)" if args.calls == 1 else f"{label} (call {call} of {args.calls})"
         print(report(name, summary) + f"\n   prefill tokens computed {summary['prefill_tokens']:,}", flush=True)
+    _profile_runs(args, llm, inst, w, params, label, out)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    llm.shutdown()
+    return 0
+
+
+def _profile_runs(args: argparse.Namespace, llm, inst: Instrument, w, params: list, label: str, out: dict) -> None:
+    """The kernel profile (GPU) and the host profile, each one more run of the workload."""
     if args.gpu and not args.no_profile:
         inst.reset()
         inst.profile_at, inst.profile_steps = args.profile_step, args.profile_steps
@@ -506,7 +452,3 @@ def main(argv: list[str]) -> int:
         out["host_profile"] = hp
         inst.host_profile = None
         print(report_host_profile(label, hp), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
-    llm.shutdown()
-    return 0

@@ -3,9 +3,7 @@ rule, in one place for every `python -m bench` command. Imports nothing heavy (t
 
 from __future__ import annotations
 
-import ast
 import datetime as dt
-import importlib
 import os
 import platform
 import shutil
@@ -125,18 +123,3 @@ def relative(path: Path | str) -> str:
         return str(path.relative_to(ROOT))
     except ValueError:
         return str(path)
-
-
-def apply_sets(items: list[str]) -> dict[str, str]:
-    """``--set MODULE.NAME=VALUE`` overrides of module constants, for A/B runs: tuples, numbers, booleans and None
-    as Python literals, anything else cast to the old value's type. Returns {MODULE.NAME: VALUE} to record."""
-    applied = {}
-    for item in items:
-        target, value = item.split("=", 1)
-        module, name = target.rsplit(".", 1)
-        mod = importlib.import_module(module)
-        old = getattr(mod, name)
-        literal = isinstance(old, (tuple, int, float, bool, type(None)))
-        setattr(mod, name, ast.literal_eval(value) if literal else type(old)(value))
-        applied[target] = value
-    return applied

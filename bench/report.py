@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from .meta import pct
 
@@ -79,34 +80,7 @@ def ablation_rows(results: dict) -> list[dict]:
                         "effect": f"error: {errs[0].splitlines()[-1][:100]}"})
         return bool(errs)
 
-    off, on = _task(results, "abl:radix:off", "shared_prefix"), _task(results, "abl:radix:on", "shared_prefix")
-    if not fail("radix cache", "abl:radix:off", "abl:radix:on") and off and on:
-        saved = off["prefill_tokens"] - on["prefill_tokens"]
-        out.append({"name": "radix cache", "stage": a, "workload": off["workload"],
-                    "off": f"naive: {off['prefill_tokens']:,} prefill tokens, {off['seconds']:.2f} s",
-                    "on": f"radix: {on['prefill_tokens']:,} prefill tokens, {on['seconds']:.2f} s",
-                    "effect": f"{saved:,} prefill tokens saved = {saved / on['shared_tokens']:.0%} of the shared "
-                              f"prefix tokens; {off['seconds'] / on['seconds']:.2f}× faster",
-                    "plot": [("prefill tokens computed", off["prefill_tokens"], on["prefill_tokens"], "naive", "radix"),
-                             ("wall time (s)", off["seconds"], on["seconds"], "naive", "radix")]})
-    off, on = _task(results, "abl:chunked:off", "long_prompt"), _task(results, "abl:chunked:on", "long_prompt")
-    if not fail("chunked prefill", "abl:chunked:off", "abl:chunked:on") and off and on:
-        mb = 1 << 20
-        chunk = results["jobs"]["abl:chunked:on"]["options"]["max_extend_tokens"]
-        out.append({"name": "chunked prefill", "stage": a,
-                    "workload": f"{off['long_prompt_tokens']}-token prompt arrives while {off['running']} "
-                                f"requests decode",
-                    "off": f"one-step prefill: max decode stall {off['max_gap_s'] * 1e3:,.0f} ms, peak memory "
-                           f"+{off['peak_mem_bytes'] / mb:,.0f} MB",
-                    "on": f"chunks of {chunk}: max decode stall {on['max_gap_s'] * 1e3:,.0f} ms, peak memory "
-                          f"+{on['peak_mem_bytes'] / mb:,.0f} MB",
-                    "effect": f"stall {off['max_gap_s'] / on['max_gap_s']:.1f}× shorter, peak memory "
-                              f"{off['peak_mem_bytes'] / max(on['peak_mem_bytes'], 1):.1f}× lower; long prompt's "
-                              f"TTFT {off['long_ttft_s']:.2f} s → {on['long_ttft_s']:.2f} s",
-                    "plot": [("max decode stall (ms)", off["max_gap_s"] * 1e3, on["max_gap_s"] * 1e3, "off",
-                              f"chunk {chunk}"),
-                             ("peak memory above baseline (MB)", off["peak_mem_bytes"] / mb, on["peak_mem_bytes"] / mb,
-                              "off", f"chunk {chunk}")]})
+    _radix_and_chunked_rows(results, a, out, fail)
 
     def throughput(name: str, key_off: str, key_on: str, task: str, lab_off: str, lab_on: str) -> None:
         if fail(name, key_off, key_on):
@@ -155,6 +129,43 @@ def ablation_rows(results: dict) -> list[dict]:
                           + " / ".join(f"{x:,.0f}" for x in warm),
                     "effect": " / ".join(f"{x / cold - 1:+.1%}" for x in warm),
                     "plot": [("output tok/s", cold, warm[0], "call 1", "call 2")]})
+    _served_burst_rows(results, out, fail)
+    return out
+
+
+def _radix_and_chunked_rows(results: dict, a: str, out: list[dict], fail: Callable[..., bool]) -> None:
+    """The radix cache's and chunked prefill's rows: prefill tokens saved, decode stalls and peak memory."""
+    off, on = _task(results, "abl:radix:off", "shared_prefix"), _task(results, "abl:radix:on", "shared_prefix")
+    if not fail("radix cache", "abl:radix:off", "abl:radix:on") and off and on:
+        saved = off["prefill_tokens"] - on["prefill_tokens"]
+        out.append({"name": "radix cache", "stage": a, "workload": off["workload"],
+                    "off": f"naive: {off['prefill_tokens']:,} prefill tokens, {off['seconds']:.2f} s",
+                    "on": f"radix: {on['prefill_tokens']:,} prefill tokens, {on['seconds']:.2f} s",
+                    "effect": f"{saved:,} prefill tokens saved = {saved / on['shared_tokens']:.0%} of the shared "
+                              f"prefix tokens; {off['seconds'] / on['seconds']:.2f}× faster",
+                    "plot": [("prefill tokens computed", off["prefill_tokens"], on["prefill_tokens"], "naive", "radix"),
+                             ("wall time (s)", off["seconds"], on["seconds"], "naive", "radix")]})
+    off, on = _task(results, "abl:chunked:off", "long_prompt"), _task(results, "abl:chunked:on", "long_prompt")
+    if not fail("chunked prefill", "abl:chunked:off", "abl:chunked:on") and off and on:
+        mb = 1 << 20
+        chunk = results["jobs"]["abl:chunked:on"]["options"]["max_extend_tokens"]
+        out.append({"name": "chunked prefill", "stage": a,
+                    "workload": f"{off['long_prompt_tokens']}-token prompt arrives while {off['running']} "
+                                f"requests decode",
+                    "off": f"one-step prefill: max decode stall {off['max_gap_s'] * 1e3:,.0f} ms, peak memory "
+                           f"+{off['peak_mem_bytes'] / mb:,.0f} MB",
+                    "on": f"chunks of {chunk}: max decode stall {on['max_gap_s'] * 1e3:,.0f} ms, peak memory "
+                          f"+{on['peak_mem_bytes'] / mb:,.0f} MB",
+                    "effect": f"stall {off['max_gap_s'] / on['max_gap_s']:.1f}× shorter, peak memory "
+                              f"{off['peak_mem_bytes'] / max(on['peak_mem_bytes'], 1):.1f}× lower; long prompt's "
+                              f"TTFT {off['long_ttft_s']:.2f} s → {on['long_ttft_s']:.2f} s",
+                    "plot": [("max decode stall (ms)", off["max_gap_s"] * 1e3, on["max_gap_s"] * 1e3, "off",
+                              f"chunk {chunk}"),
+                             ("peak memory above baseline (MB)", off["peak_mem_bytes"] / mb, on["peak_mem_bytes"] / mb,
+                              "off", f"chunk {chunk}")]})
+
+
+def _served_burst_rows(results: dict, out: list[dict], fail: Callable[..., bool]) -> None:
     def served_burst(name: str, key_offline: str, key_served: str) -> None:
         """The whole workload at once through the server against offline on the same model."""
         if key_served not in results["jobs"] or fail(name, key_offline, key_served):
@@ -187,7 +198,6 @@ def ablation_rows(results: dict) -> list[dict]:
     if (step := results["jobs"].get("abl:kv:burst-served-fp8_e4m3-step16k")) is not None:
         served_burst(f"served burst, fp8_e4m3 KV, `--max-num-batched-tokens {step['options']['max_extend_tokens']}`",
                      "abl:kv:burst-offline-fp8_e4m3", "abl:kv:burst-served-fp8_e4m3-step16k")
-    return out
 
 
 def _busy(busy: dict | None) -> str:

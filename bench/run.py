@@ -190,7 +190,7 @@ def run_job(job: Job, args: argparse.Namespace, log_dir: Path) -> dict:
     return rec
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench [run]", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="reduced sizes (a few minutes on 2 cores); writes "
@@ -215,7 +215,32 @@ def main(argv: list[str]) -> int:
                     help="measure again up to N jobs during which other processes used > 15%% of the CPUs, keeping "
                          "the quieter run (default: all of them in a full run, none with --quick)")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per worker (default: 600 quick, 3600 full)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _run_jobs(jobs: list[Job], args: argparse.Namespace, log_dir: Path, results: dict) -> list[str]:
+    """Every job once, then the busy ones again (up to --rerun-busy): on a shared machine a job can land in someone
+    else's busy minute; the quieter run is kept. Returns the keys of the jobs measured again."""
+    bar = tqdm(jobs, desc="bench", unit="job", dynamic_ncols=True)
+    for job in bar:
+        bar.set_postfix_str(job.label)
+        rec = run_job(job, args, log_dir)
+        results["jobs"][job.key] = rec
+        if "error" in rec:
+            tqdm.write(f"[{job.key}] failed (log: {rec['log']}):\n  " + rec["error"].replace("\n", "\n  "))
+    bar.close()
+    busy = [job for job in jobs if "result" in results["jobs"][job.key]
+            and results["jobs"][job.key]["foreign_cpu"] > BUSY][: args.rerun_busy]
+    for job in tqdm(busy, desc="rerun busy jobs", unit="job", dynamic_ncols=True):
+        rec, old = run_job(job, args, log_dir), results["jobs"][job.key]
+        if "result" in rec and rec["foreign_cpu"] < old["foreign_cpu"]:
+            rec["replaced_foreign_cpu"] = old["foreign_cpu"]
+            results["jobs"][job.key] = rec
+    return [job.key for job in busy]
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     args.timeout = args.timeout or (600 if args.quick else 3600)
     if args.rerun_busy is None:
         args.rerun_busy = 0 if args.quick else 1000
@@ -267,23 +292,7 @@ def main(argv: list[str]) -> int:
         "http_client": DEFAULT_HTTP_CLIENT,
     }
     foreign = ForeignCPU()
-    bar = tqdm(jobs, desc="bench", unit="job", dynamic_ncols=True)
-    for job in bar:
-        bar.set_postfix_str(job.label)
-        rec = run_job(job, args, log_dir)
-        results["jobs"][job.key] = rec
-        if "error" in rec:
-            tqdm.write(f"[{job.key}] failed (log: {rec['log']}):\n  " + rec["error"].replace("\n", "\n  "))
-    bar.close()
-    # On a shared machine a job can land in someone else's busy minute: measure those once more, keep the quieter.
-    busy = [job for job in jobs if "result" in results["jobs"][job.key]
-            and results["jobs"][job.key]["foreign_cpu"] > BUSY][: args.rerun_busy]
-    reruns = [job.key for job in busy]
-    for job in tqdm(busy, desc="rerun busy jobs", unit="job", dynamic_ncols=True):
-        rec, old = run_job(job, args, log_dir), results["jobs"][job.key]
-        if "result" in rec and rec["foreign_cpu"] < old["foreign_cpu"]:
-            rec["replaced_foreign_cpu"] = old["foreign_cpu"]
-            results["jobs"][job.key] = rec
+    reruns = _run_jobs(jobs, args, log_dir, results)
 
     load_after = meta.load()
     start_load = float(load_before.split("/")[0])  # the end value includes this run's own threads
@@ -303,13 +312,17 @@ def main(argv: list[str]) -> int:
     }
     results["meta"]["summary"] = (f"{machine}{' quick' if args.quick else ''}, {results['meta']['model']} "
                                   f"{results['meta']['dtype']}, {results['meta']['date']}")
+    return _write_and_print(results, args.out, prefix, log_dir)
+
+
+def _write_and_print(results: dict, out: Path, prefix: str, log_dir: Path) -> int:
     try:
-        images = plot_all(results, args.out, prefix)
+        images = plot_all(results, out, prefix)
     except ImportError:  # the table still gets written
         images = []
         print(NO_PLOTS, file=sys.stderr)
-    (args.out / f"{prefix}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / f"{prefix}.md").write_text(markdown(results, images))
+    (out / f"{prefix}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{prefix}.md").write_text(markdown(results, images))
 
     print()
     print(stage_table(results))
@@ -317,6 +330,6 @@ def main(argv: list[str]) -> int:
     if rows:
         print()
         print(ablation_table(rows))
-    print(f"\nwritten: {args.out / (prefix + '.md')} (+ .json, {', '.join(images)}); worker logs in {log_dir}; "
+    print(f"\nwritten: {out / (prefix + '.md')} (+ .json, {', '.join(images)}); worker logs in {log_dir}; "
           f"{results['meta']['total_s'] / 60:.1f} min")
     return 1 if any("error" in r for r in results["jobs"].values()) else 0

@@ -59,7 +59,7 @@ def serve(stage: str, argv: list[str], step_s: float) -> None:
 
 # ---- client side ---------------------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench serve-path", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", default="stage4_fast", choices=["stage3_served", "stage4_fast"])
@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the clients connect inside the measured time (default: before it, as the GPU benchmark)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
-    args, rest = ap.parse_known_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = _parser().parse_known_args(argv)
     if args.serve:
         serve(args.stage, ["--model", args.model, *rest], args.step_ms / 1e3)  # (this parser took --model)
         return 0
@@ -122,11 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def prompts(n: int) -> list[list[int]]:
             return [[rng.randint(100, vocab - 100) for _ in range(rng.randint(*args.prompt_len))] for _ in range(n)]
-
         asyncio.run(_run_clients(url, Workload("warm-up", prompts(4), [8] * 4), 4))
-        # the launcher (API server) and its workers by their process titles, and this process with its client
-        # processes (children that have finished by the end of the burst)
-        server = server_processes(proc.pid)
+        server = server_processes(proc.pid)  # by process title; the clients: this process and its children
         clients = f"clients ({args.http_client})"
 
         def cpu() -> dict[str, float]:
@@ -145,24 +146,29 @@ def main(argv: list[str] | None = None) -> int:
     tokens = r["output_tokens"]
     res = {"requests": args.requests, "output_len": args.output_len, "step_ms": args.step_ms,
            "http_client": args.http_client, "client_processes": args.client_procs, "served_model": served_model,
-           "warm_connections": not args.cold_connections,
-           "server_args": args.server_args, "seconds": r["seconds"], "output_tokens": tokens, "tok_s": r["tok_s"],
+           "warm_connections": not args.cold_connections, "server_args": args.server_args, "seconds": r["seconds"],
+           "output_tokens": tokens, "tok_s": r["tok_s"],
            "chunks_per_token": r["chunks_per_token"], "wrong_lengths": r["wrong_lengths"],
            "ttft_p50_s": _quantile(r["ttft_s"], 0.5), "ttft_p99_s": _quantile(r["ttft_s"], 0.99),
            "itl_p50_s": _quantile(r["itl_s"], 0.5), "itl_p99_s": _quantile(r["itl_s"], 0.99),
            "cpu_us_per_token": {role: 1e6 * (t - before[role]) / max(tokens, 1) for role, t in after.items()},
-           "ttft_buckets": ttft_buckets,
-           "clock_s": r["clock_s"]}  # perf_counter: aligns with the scheduler's MINISGL_STEP_LOG lines
-    print(f"{args.requests} streams x {args.output_len} tokens: {tokens:,} tokens in {r['seconds']:.2f} s = "
+           # clock_s: perf_counter, which aligns with the scheduler's MINISGL_STEP_LOG lines
+           "ttft_buckets": ttft_buckets, "clock_s": r["clock_s"]}
+    _print_result(res, r)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+def _print_result(res: dict, r: dict) -> None:
+    tokens = r["output_tokens"]
+    print(f"{res['requests']} streams x {res['output_len']} tokens: {tokens:,} tokens in {r['seconds']:.2f} s = "
           f"{r['tok_s']:,.0f} tok/s; chunks/token {r['chunks_per_token']:.2f}; TTFT p50/p99 "
           f"{res['ttft_p50_s'] * 1e3:.0f}/{res['ttft_p99_s'] * 1e3:.0f} ms; wrong lengths {r['wrong_lengths']}")
     for label, us in res["cpu_us_per_token"].items():
         print(f"   {label:28s} {us:7.1f} CPU µs per token")
     for side, counts in res["ttft_buckets"].items():
         print(f"   TTFT <= s, {side:6s}: " + ", ".join(f"{le}: {n}" for le, n in counts.items()))
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

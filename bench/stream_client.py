@@ -3,9 +3,8 @@
 Two libraries can carry it. aiohttp is the default, as in SGLang's and vLLM's serving benchmarks
 (`sglang.bench_serving`, `vllm bench serve`). httpx (the OpenAI SDK's library) is kept for comparison: its
 connection pool scans every pending request and connection on each request and response event, so with hundreds of
-streams in one process its CPU time per request grows with their number — 256 one-token requests in one process
-took 4.3–5.2 s against 0.37 s for 64 (`python -m bench serve-path --http-client httpx --output-len 1`,
-`bench/results/cpu-serve-path-client.md`), and a burst of 256 streams measured the client as much as the server.
+streams in one process its CPU time per request grows with their number, and a burst of hundreds of streams would
+measure the client as much as the server.
 """
 
 from __future__ import annotations

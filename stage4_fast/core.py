@@ -221,7 +221,7 @@ class Batch:
     prompt_logprob_rows: torch.Tensor | None = field(default=None, init=False)
     prompt_hidden: torch.Tensor | None = field(default=None, init=False)
     # a graph-captured decode batch: the LM head writes its logits straight into the graph runner's buffer (a
-    # copy from a temporary would be a 68 MB memcpy per replay at batch 223 and a 152k vocabulary)
+    # copy from a temporary would be a [batch, vocab] memcpy per replay, tens of MB at a 152k vocabulary)
     logits_out: torch.Tensor | None = field(default=None, init=False)
 
     @property

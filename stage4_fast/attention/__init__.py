@@ -99,9 +99,9 @@ def _installed(module: str) -> bool:
 def resolve_auto_backend(device: torch.device, dtype: torch.dtype = torch.bfloat16,
                          kv_dtype: torch.dtype | None = None) -> str:
     """What "auto" means here. CPU: the torch reference. GPU: our Triton kernels, with FA 4 for prefill on sm90+
-    when its package is present. Upstream's sm90 choice is "fa,fi"; on the H200 our Triton decode kernel read the
-    paged KV faster than FlashInfer's decode (upstream's offline workload: 24.6k vs 22.2k output tok/s end to end,
-    bench/gpu_notes.md), so FlashInfer is no longer picked by itself: ask for it with "fi". FlashInfer and
+    when its package is present. Upstream's sm90 choice is "fa,fi"; our Triton decode kernel reads the paged KV
+    faster than FlashInfer's decode (the benchmark's attn ablation compares them), so FlashInfer is not picked by
+    itself: ask for it with "fi". FlashInfer and
     FlashAttention compute in 16-bit only; an fp32 engine gets Triton as well, and so does a KV pool in another
     dtype than the model's (FlashAttention 4 reads K/V in the queries' dtype only)."""
     if device.type != "cuda":

@@ -71,14 +71,9 @@ class FlashAttentionBackend(BaseAttnBackend):
             cu_seqlens_q = cu_seqlens_k
         else:
             cu_seqlens_q = upload(lens.cu_seqlens_q, self.device)
-        batch.attn_metadata = FAMetadata(
-            cu_seqlens_k=cu_seqlens_k,
-            cu_seqlens_q=cu_seqlens_q,
-            cache_seqlens=upload(lens.seqlens_k, self.device),
-            max_seqlen_k=lens.max_seqlen_k,
-            max_seqlen_q=lens.max_seqlen_q,
-            page_table=self._page_rows(upload(lens.table_idx, self.device), lens.max_seqlen_k).contiguous(),
-        )
+        page_table = self._page_rows(upload(lens.table_idx, self.device), lens.max_seqlen_k).contiguous()
+        batch.attn_metadata = FAMetadata(cu_seqlens_k, cu_seqlens_q, upload(lens.seqlens_k, self.device),
+                                         lens.max_seqlen_k, lens.max_seqlen_q, page_table)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
                 kv_stored: bool = False) -> torch.Tensor:
@@ -86,16 +81,9 @@ class FlashAttentionBackend(BaseAttnBackend):
         if not kv_stored:
             self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         result = self._varlen(
-            q,
-            self.kv_cache.k_cache(layer_id),
-            self.kv_cache.v_cache(layer_id),
-            cu_seqlens_q=meta.cu_seqlens_q,
-            max_seqlen_q=meta.max_seqlen_q,
-            max_seqlen_k=meta.max_seqlen_k,
-            seqused_k=meta.cache_seqlens,
-            page_table=meta.page_table,
-            softmax_scale=self.scale,
-            causal=True,
+            q, self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id), cu_seqlens_q=meta.cu_seqlens_q,
+            max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k, seqused_k=meta.cache_seqlens,
+            page_table=meta.page_table, softmax_scale=self.scale, causal=True,
         )
         return result[0] if isinstance(result, tuple) else result  # (out, lse)
 
@@ -112,14 +100,9 @@ class FlashAttentionBackend(BaseAttnBackend):
         # written yet when graphs are captured; a replay copies the real rows in
         lens = batch_seq_lens(batch)
         cap.page_table[:bs, :1].copy_(self._page_rows(upload(lens.table_idx, self.device), 1))
-        batch.attn_metadata = FAMetadata(
-            cu_seqlens_k=cap.cu_seqlens_k[: bs + 1],
-            cu_seqlens_q=cap.cu_seqlens_q[: bs + 1],
-            cache_seqlens=cap.seq_lens[:bs],
-            max_seqlen_k=width * self.page_size,  # a bound that covers every replay
-            max_seqlen_q=1,
-            page_table=cap.page_table[:bs, :],
-        )
+        batch.attn_metadata = FAMetadata(  # max_seqlen_k: a bound that covers every replay
+            cap.cu_seqlens_k[: bs + 1], cap.cu_seqlens_q[: bs + 1], cap.seq_lens[:bs], width * self.page_size, 1,
+            cap.page_table[:bs, :])
 
     def prepare_for_replay(self, batch: Batch) -> None:
         cap = self.capture

@@ -3,14 +3,12 @@
 As upstream, FlashInfer always sees **page size 1**: the KV indices are the token slots of each request's
 page-table row, whatever the engine's page size, and the pool is viewed as [num_slots, 1, kv_heads, D].
 
-``plan`` does host work (it reads the lengths on the host and fills a pinned staging buffer that it then copies
-to the GPU), so it is deferred to the first layer's forward: by then the previous forward has been launched on
-the same stream. Before re-planning we wait for the event recorded after the previous plan, so the pinned
-staging buffer is not overwritten while its copy is still pending (the race upstream fixed in #103).
+``plan`` does host work (it fills a pinned staging buffer from the host lengths and copies it to the GPU), so it
+is deferred to the first layer's forward, when the previous forward is already launched. Before re-planning we wait
+for the event recorded after the previous plan, so the staging buffer is not overwritten while its copy is pending.
 
-An fp8 pool (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) is planned with ``kv_data_type`` fp8 and the model's
-``q_data_type``; FlashInfer reads the fp8 pages and converts them in its kernels, and ``run`` gets the layer's
-scales.
+An fp8 pool (``--kv-cache-dtype``) is planned with ``kv_data_type`` fp8 and the model's ``q_data_type``;
+FlashInfer converts the fp8 pages in its kernels, and ``run`` gets the layer's scales.
 
 CUDA graphs: one ``CUDAGraphBatchDecodeWithPagedKVCacheWrapper`` per captured batch size, whose indptr / indices /
 last-page-length live in fixed buffers; at replay we plan into those buffers right before ``graph.replay()``.
@@ -18,7 +16,6 @@ last-page-length live in fixed buffers; at replay we plan into those buffers rig
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Dict, List
@@ -73,9 +70,7 @@ class FICaptureData(BaseCaptureData):
 
 
 def _use_tensor_cores(num_qo_heads: int, num_kv_heads: int) -> bool:
-    env = os.environ.get("MINISGL_FLASHINFER_USE_TENSOR_CORES")
-    if env is not None:
-        return env.lower() in ("1", "true", "yes")
+    """FlashInfer's decode on tensor cores pays once at least 4 query heads share a KV head (as upstream)."""
     return num_qo_heads // num_kv_heads >= 4
 
 
@@ -116,21 +111,18 @@ class FlashInferBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
         lens = batch_seq_lens(batch)
-        batch.attn_metadata = FIMetadata(
-            cu_seqlens_q_cpu=lens.cu_seqlens_q,
-            cu_seqlens_k_cpu=lens.cu_seqlens_k,
-            cu_seqlens_q_gpu=upload(lens.cu_seqlens_q, self.device),
-            indices=self._kv_indices(lens),
-            last_page_len_cpu=torch.ones(len(reqs), dtype=torch.int32),
-            seq_lens_cpu=lens.seqlens_k,
-            num_qo_heads=self.qo_head_local,
-            num_kv_heads=self.kv_head_local,
-            head_dim=self.head_dim,
-            dtype=self.kv_cache.compute_dtype,
-            kv_dtype=self.kv_cache.dtype,
-            wrapper=self.decode_wrapper if lens.is_decode else self.prefill_wrapper,
-            is_decode=lens.is_decode,
+        batch.attn_metadata = self._metadata(
+            lens.cu_seqlens_q, lens.cu_seqlens_k, upload(lens.cu_seqlens_q, self.device), self._kv_indices(lens),
+            torch.ones(len(reqs), dtype=torch.int32), lens.seqlens_k,
+            self.decode_wrapper if lens.is_decode else self.prefill_wrapper, lens.is_decode,
         )
+
+    def _metadata(self, cu_seqlens_q_cpu: torch.Tensor, cu_seqlens_k_cpu: torch.Tensor, cu_seqlens_q_gpu: torch.Tensor,
+                  indices: torch.Tensor, last_page_len_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, wrapper: Any,
+                  is_decode: bool) -> FIMetadata:
+        return FIMetadata(cu_seqlens_q_cpu, cu_seqlens_k_cpu, cu_seqlens_q_gpu, indices, last_page_len_cpu,
+                          seq_lens_cpu, self.qo_head_local, self.kv_head_local, self.head_dim,
+                          self.kv_cache.compute_dtype, self.kv_cache.dtype, wrapper, is_decode)
 
     def _kv_indices(self, lens: SeqLens) -> torch.Tensor:
         """The token slots of every request's row, concatenated: a handful of device ops whatever the batch size
@@ -187,13 +179,8 @@ class FlashInferBackend(BaseAttnBackend):
             cap = self.capture
             assert cap is not None, "init_capture_graph first"
             self.graph_wrappers[bs] = self._flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-                self.float_workspace,
-                indptr_buffer=cap.cu_seqlens_k[: bs + 1],
-                indices_buffer=cap.indices,
-                last_page_len_buffer=cap.one_tensor[:bs],
-                kv_layout="NHD",
-                use_tensor_cores=self.use_tensor_cores,
-            )
+                self.float_workspace, indptr_buffer=cap.cu_seqlens_k[: bs + 1], indices_buffer=cap.indices,
+                last_page_len_buffer=cap.one_tensor[:bs], kv_layout="NHD", use_tensor_cores=self.use_tensor_cores)
         return self.graph_wrappers[bs]
 
     def prepare_for_capture(self, batch: Batch) -> None:
@@ -203,21 +190,10 @@ class FlashInferBackend(BaseAttnBackend):
         # the capture batch: the engine's dummy request, length 1, at its own slot (the zeroed dummy page); slot 0,
         # the buffers' initial value, is not written yet when graphs are captured. A replay plans the real slots.
         cap.indices[:bs].copy_(self._kv_indices(batch_seq_lens(batch)))
-        meta = FIMetadata(
-            cu_seqlens_q_cpu=torch.arange(bs + 1, dtype=torch.int32),
-            cu_seqlens_k_cpu=torch.arange(bs + 1, dtype=torch.int32),
-            cu_seqlens_q_gpu=cap.cu_seqlens_q[: bs + 1],
-            indices=cap.indices[:bs],
-            last_page_len_cpu=torch.ones(bs, dtype=torch.int32),
-            seq_lens_cpu=torch.ones(bs, dtype=torch.int32),
-            num_qo_heads=self.qo_head_local,
-            num_kv_heads=self.kv_head_local,
-            head_dim=self.head_dim,
-            dtype=self.kv_cache.compute_dtype,
-            kv_dtype=self.kv_cache.dtype,
-            wrapper=self._graph_wrapper(bs),
-            is_decode=True,
-        )
+        one_each = torch.arange(bs + 1, dtype=torch.int32)
+        meta = self._metadata(one_each, one_each, cap.cu_seqlens_q[: bs + 1], cap.indices[:bs],
+                              torch.ones(bs, dtype=torch.int32), torch.ones(bs, dtype=torch.int32),
+                              self._graph_wrapper(bs), True)
         self._plan(meta)
         batch.attn_metadata = meta
 

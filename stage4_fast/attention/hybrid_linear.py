@@ -5,10 +5,10 @@ The engine wraps its attention backend in this one when the model has linear lay
 CUDA-graph runner keep calling one backend: ``prepare_metadata`` / ``prepare_for_capture`` / ``prepare_for_replay``
 fill both the full backend's metadata (``batch.attn_metadata``) and the state metadata (``batch.state_metadata``).
 
-Prefix reuse: a linear layer's state after a prefix cannot be rebuilt from that prefix's KV pages, and it is
-overwritten in place as the request advances, so there is no state to share at a radix-tree node. Hybrid models
-therefore run with the naive prefix cache (the scheduler forces it). ``prepare_metadata`` checks the invariant
-this relies on: a request that does not start from zero has exactly ``cached_len`` tokens folded into its slot.
+No prefix reuse: a linear layer's state after a prefix cannot be rebuilt from that prefix's KV pages and is
+overwritten in place as the request advances, so hybrid models run with the naive prefix cache (the scheduler
+forces it). ``prepare_metadata`` checks the invariant: a request that does not start from zero has exactly
+``cached_len`` tokens folded into its slot.
 """
 
 from __future__ import annotations
@@ -105,12 +105,7 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         return self.full.forward(q, k, v, layer_id, batch, kv_stored)
 
     def forward_linear(
-        self,
-        mixed_qkv: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        conv_weight: torch.Tensor,
-        layer_id: int,
+        self, mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor, layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         """One linear-attention layer. mixed_qkv [T, conv_dim] (the q|k|v projection before the conv), g / beta
@@ -148,7 +143,6 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         cfg, T = self.config, x.shape[0]
         q, k, v = x.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         return (
-            q.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
-            k.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
+            q.reshape(T, cfg.num_k_heads, cfg.head_k_dim), k.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
             v.reshape(T, cfg.num_v_heads, cfg.head_v_dim),
         )

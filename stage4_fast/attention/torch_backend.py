@@ -6,9 +6,6 @@ request's own keys (padded to the longest), and a prefill attends request by req
 
 A pool that stores another dtype than the model's (``--kv-cache-dtype``, e.g. fp8) is dequantized on read: the
 gathered rows are converted to the query's dtype and multiplied by the layer's scale (``kernel/ref.dequantize_kv``).
-
-Graph hooks (CPU emulation of CUDA graphs): a captured decode reads each request's page-table row and length from
-fixed buffers and rebuilds its slot indices from them in every layer, so a replay sees exactly what was copied in.
 """
 
 from __future__ import annotations
@@ -52,6 +49,10 @@ class TorchAttnMetadata(BaseAttnMetadata):
 
 @dataclass
 class TorchCaptureData:
+    """Graph hooks (CPU emulation of CUDA graphs): a captured decode reads each request's page-table row and length
+    from these fixed buffers and rebuilds its slot indices from them in every layer, so a replay sees exactly what
+    was copied in."""
+
     table_idx: torch.Tensor  # [bs] page-table rows
     seq_lens: torch.Tensor  # [bs] device lengths
 

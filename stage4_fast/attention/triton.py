@@ -1,5 +1,6 @@
-"""Triton backend: our own paged decode/prefill kernels (``kernel/triton_attention.py``), so a GPU without
-FlashInfer or FlashAttention is still fast, and a CPU can run the same code under the Triton interpreter.
+"""Triton backend: our own paged decode/prefill kernels (``kernel/triton_attention.py``, ``triton_prefill.py``),
+so a GPU without FlashInfer or FlashAttention is still fast, and a CPU can run the same code under Triton's
+interpreter.
 
 An fp8 pool is read as stored: the kernels convert each loaded K/V block in registers (``--kv-cache-dtype``).
 
@@ -37,7 +38,7 @@ class TritonMetadata(BaseAttnMetadata):
     num_splits: int = 1  # decode split-K factor
     mid_o: torch.Tensor | None = None  # decode scratch (fixed buffers under a CUDA graph)
     mid_lse: torch.Tensor | None = None
-    # prefill: the kernel's (request, query block) work list on the device (kernel/triton_attention.py:
+    # prefill: the kernel's (request, query block) work list on the device (kernel/triton_prefill.py:
     # prefill_block_map), its programs run those instead of a grid sized by the batch and max_seqlen_q
     block_map: torch.Tensor | None = None
 
@@ -70,9 +71,11 @@ class TritonCaptureData:
 
 class TritonBackend(BaseAttnBackend):
     def __init__(self, config: ModelConfig):
-        from ..kernel import triton_attention  # imported here: Triton is only needed when this backend is used
+        # imported here: Triton is only needed when this backend is used
+        from ..kernel import triton_attention, triton_prefill
 
         self._kernels = triton_attention
+        self._prefill = triton_prefill
         ctx = get_global_ctx()
         self.kv_cache = ctx.kv_cache
         self.page_table = ctx.page_table
@@ -95,7 +98,7 @@ class TritonBackend(BaseAttnBackend):
         self.prefill_capture: TritonPrefillCaptureData | None = None
         self._prefill_max_reqs = 0  # init_prefill_capture
         # query tokens per program of the prefill kernel, for its block maps
-        self._prefill_block_m = self._kernels.prefill_block_m(
+        self._prefill_block_m = self._prefill.prefill_block_m(
             getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads)
 
     def _num_splits(self, bs: int) -> int:
@@ -105,18 +108,13 @@ class TritonBackend(BaseAttnBackend):
         lens = batch_seq_lens(batch)
         parts = [lens.cu_seqlens_q, lens.seqlens_k, lens.table_idx]
         if not lens.is_decode:
-            parts.append(torch.from_numpy(self._kernels.prefill_block_map(
+            parts.append(torch.from_numpy(self._prefill.prefill_block_map(
                 lens.seqlens_q.numpy(), lens.seqlens_k.numpy(), self._prefill_block_m)))
         # the int32 vectors in one host -> device copy (a pinned buffer and a launch each otherwise)
         cu_seqlens_q, seq_lens, table_idx, *block_map = to_device_packed(parts, self.device)
-        batch.attn_metadata = TritonMetadata(
-            cu_seqlens_q=cu_seqlens_q,
-            seq_lens=seq_lens,
-            table_idx=table_idx,
-            max_seqlen_q=lens.max_seqlen_q,
-            num_splits=self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1,
-            block_map=block_map[0] if block_map else None,
-        )
+        num_splits = self._num_splits(len(batch.padded_reqs)) if lens.is_decode else 1
+        batch.attn_metadata = TritonMetadata(cu_seqlens_q, seq_lens, table_idx, lens.max_seqlen_q, num_splits,
+                                             block_map=block_map[0] if block_map else None)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
                 kv_stored: bool = False) -> torch.Tensor:
@@ -132,7 +130,7 @@ class TritonBackend(BaseAttnBackend):
                 mid_o=meta.mid_o, mid_lse=meta.mid_lse, **scales,
             )
         block_map = (self._prefill_block_m, meta.block_map) if meta.block_map is not None else None
-        return self._kernels.prefill_attention(
+        return self._prefill.prefill_attention(
             q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
             meta.max_seqlen_q, self.scale, block_map=block_map, **scales,
         )
@@ -151,7 +149,7 @@ class TritonBackend(BaseAttnBackend):
         self.prefill_capture = TritonPrefillCaptureData(*buffers)
 
     def _prefill_capacity(self, num_tokens: int) -> int:
-        return self._kernels.prefill_block_map_capacity(num_tokens, min(self._prefill_max_reqs, num_tokens),
+        return self._prefill.prefill_block_map_capacity(num_tokens, min(self._prefill_max_reqs, num_tokens),
                                                         self._prefill_block_m)
 
     def prepare_for_prefill_capture(self, batch: Batch) -> None:
@@ -185,12 +183,10 @@ class TritonBackend(BaseAttnBackend):
         i32 = dict(dtype=torch.int32, device=self.device)
         f32 = dict(dtype=torch.float32, device=self.device)
         self.capture = TritonCaptureData(
-            table_idx=torch.zeros(max_bs, **i32),
-            seq_lens=torch.ones(max_bs, **i32),
+            table_idx=torch.zeros(max_bs, **i32), seq_lens=torch.ones(max_bs, **i32),
             cu_seqlens_q=torch.arange(max_bs + 1, **i32),
             mid_o=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, self.head_dim, **f32),
-            mid_lse=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, **f32),
-        )
+            mid_lse=torch.empty(max_bs, self.num_qo_heads, MAX_DECODE_SPLITS, **f32))
 
     def prepare_for_capture(self, batch: Batch) -> None:
         cap = self.capture

@@ -61,9 +61,9 @@ class ForwardOutput(NamedTuple):
     logprobs: BatchLogprobs | None = None  # host copies, for the requests that asked (valid with the tokens)
 
 
-# the grid of row counts ``Engine.warm_up_gemms`` runs: every 16th row count (a random one after it paid 4.5 ms of
-# first calls for four projections on an H100, every 64th 7.0 ms, none 12.7 ms; bench/results/h100-gemm-first-calls.md),
-# at most 512 of them (the GEMMs' work grows with the square of the largest)
+# the grid of row counts ``Engine.warm_up_gemms`` runs: every 16th row count (cuBLAS's choice for a count between two
+# of them is mostly one it has already made), at most 512 of them (the GEMMs' work grows with the square of the
+# largest)
 GEMM_WARM_UP_STEP = 16
 GEMM_WARM_UP_COUNTS = 512
 
@@ -117,15 +117,7 @@ class Engine:
             self.page_table = self.ctx.page_table = torch.zeros(
                 config.max_running_req + 1, align_ceil(self.max_seq_len, 32), dtype=torch.int32, device=self.device
             )
-            self.attn_backend = self.ctx.attn_backend = create_attention_backend(config.attention_backend, model_config)
-            if self.state_pool is not None:
-                assert model_config.linear_attn is not None
-                self.attn_backend = self.ctx.attn_backend = HybridLinearAttnBackend(
-                    self.attn_backend, self.state_pool, model_config.linear_attn
-                )
-            if model_config.is_moe:
-                self.moe_backend = self.ctx.moe_backend = create_moe_backend(config.moe_backend)
-            self.sampler = Sampler(self.device, model_config.vocab_size)
+            self._create_backends(model_config)
             self.dummy_req = Req(
                 input_ids=torch.tensor([0], dtype=torch.int32),
                 table_idx=config.max_running_req,
@@ -136,26 +128,35 @@ class Engine:
             )
             self.page_table[self.dummy_req.table_idx].fill_(self.num_pages * config.page_size)
             self.graph_runner = GraphRunner(
-                stream=self.stream,
-                device=self.device,
-                model=self.model,
-                attn_backend=self.attn_backend,
-                cuda_graph_bs=config.cuda_graph_bs,
-                cuda_graph_max_bs=self._graph_max_bs(),
-                free_memory=free_memory,
-                max_seq_len=self.max_seq_len,
-                vocab_size=model_config.vocab_size,
-                dummy_req=self.dummy_req,
+                stream=self.stream, device=self.device, model=self.model, attn_backend=self.attn_backend,
+                cuda_graph_bs=config.cuda_graph_bs, cuda_graph_max_bs=self._graph_max_bs(), free_memory=free_memory,
+                max_seq_len=self.max_seq_len, vocab_size=model_config.vocab_size, dummy_req=self.dummy_req,
                 logits_dtype=config.dtype,
             )
         self.prefill_graph: PrefillGraphRunner | None = None  # capture_prefill_graph
-        runner = self.graph_runner
+        self._log_start(kv_scales)
+
+    def _create_backends(self, model_config: ModelConfig) -> None:
+        """The attention backend (wrapped for a hybrid's linear layers), the MoE backend, the sampler."""
+        config = self.config
+        self.attn_backend = self.ctx.attn_backend = create_attention_backend(config.attention_backend, model_config)
+        if self.state_pool is not None:
+            assert model_config.linear_attn is not None
+            self.attn_backend = self.ctx.attn_backend = HybridLinearAttnBackend(
+                self.attn_backend, self.state_pool, model_config.linear_attn
+            )
+        if model_config.is_moe:
+            self.moe_backend = self.ctx.moe_backend = create_moe_backend(config.moe_backend)
+        self.sampler = Sampler(self.device, model_config.vocab_size)
+
+    def _log_start(self, kv_scales: str) -> None:
+        config, runner, tp = self.config, self.graph_runner, self.config.tp_info
         graphs = (f"{'emulated' if runner.emulated else 'CUDA'} graphs for batch sizes up to {runner.max_graph_bs}"
                   if runner.max_graph_bs else "no graphs")
         logger.info(
             "rank %d/%d on %s: attention %s, MoE %s, %s, %d KV pages of %d in %s%s", tp.rank, tp.size, self.device,
-            config.attention_backend, config.moe_backend if model_config.is_moe else "-", graphs, self.num_pages,
-            config.page_size, kv_cache_dtype_name(self.kv_dtype), kv_scales,
+            config.attention_backend, config.moe_backend if config.model_config.is_moe else "-", graphs,
+            self.num_pages, config.page_size, kv_cache_dtype_name(self.kv_dtype), kv_scales,
         )
 
     @staticmethod
@@ -286,14 +287,11 @@ class Engine:
     def warm_up_prefill(self, num_tokens: int, num_reqs: int = 1) -> None:
         """One prefill step of ``num_tokens`` dummy tokens over ``num_reqs`` requests before the first request, on
         a GPU, through ``forward_batch`` (the forward or the prefill graph's replay, the LM head, greedy sampling,
-        the copy to the host): CUDA loads a kernel's module at its first launch (lazily), and the first long prompt
-        a server takes, or an offline run's first prefill step, paid for the kernels a short prompt never launches
-        (on the H200 its host forward took 41-46 ms, 34 ms after a one-request warm-up, 17-25 ms with every module
-        loaded at start-up: ``bench/gpu_notes.md`` section 30); a step of several requests launches a few more
-        (a process's first such step launched in 18-35 ms on an H100, in 1.0 ms with every module loaded at
-        start-up, in 1.2-1.4 ms after this warm-up: section 40). vLLM's start-up dummy run, a forward at its
-        largest batch of several requests, does the same. Every request is the padding request: their KV goes
-        to its slot, which no request reads."""
+        the copy to the host). CUDA loads a kernel's module at its first launch, so without it the first long
+        prompt a server takes (or the first step of many requests) pays for the kernels a short prompt never
+        launches, while the device waits. vLLM's start-up dummy run, a forward at its largest batch of several
+        requests, does the same. Every request is the padding request: their KV goes to its slot, which no request
+        reads."""
         num_tokens = min(num_tokens, self.max_seq_len)
         num_reqs = max(1, min(num_reqs, num_tokens // 2, self.config.max_running_req))
         if num_tokens < 2:
@@ -351,9 +349,9 @@ class Engine:
         """Every projection at each row count below ``step`` and every ``step`` rows up to ``max_tokens`` (at most
         GEMM_WARM_UP_COUNTS of them: the step grows with ``max_tokens``), and the LM head at every request count a
         prefill step can have (up to GEMM_WARM_UP_COUNTS), before the first request. cuBLAS chooses a kernel the
-        first time it sees a GEMM's shape, up to ~3 ms of host per projection, and a prefill step of a token count
-        not seen before paid it while the device waited (``layers/linear.py: warm_up_gemms``). vLLM warms fixed
-        sizes at start-up too."""
+        first time it sees a GEMM's shape, on the host, and a prefill step of a token count not seen before would
+        pay that while the device waits (``layers/linear.py: warm_up_gemms``). vLLM warms fixed sizes at start-up
+        too."""
         step = max(step, math.ceil(max_tokens / GEMM_WARM_UP_COUNTS / step) * step)
         rows = [*range(1, step), *range(step, max_tokens + 1, step), max_tokens]
         start = time.perf_counter()

@@ -8,18 +8,12 @@ inputs (``copy_from``) and metadata (``prepare_for_replay``) in.
 
 On CPU, ``EmulatedGraph`` stands in for ``torch.cuda.CUDAGraph``: capture records a closure over the *capture*
 batch and replay re-runs it. Like a real graph the closure never sees the batch being replayed, only the
-buffers, so an input that is not copied in produces a wrong result here too (a test proves it).
+buffers, so an input that is not copied in produces a wrong result here too (a test proves it). Decode batches
+are padded with the engine's dummy request up to the next captured size (``pad_batch``).
 
-Decode batches are padded with the engine's dummy request up to the next captured size (``pad_batch``).
-
-Each graph also ends in the greedy argmax of its logits (``greedy_tokens``): an all-greedy batch then takes its
-tokens from the replay instead of launching the argmax from the host after it, which at one stream is host time on
-every step (``bench/gpu_notes.md``, section 22). A sampled batch leaves them unread (a few microseconds of device
-time per step).
-
-Where our kernels launch with programmatic dependent launch, each captured graph is rewired before it is
-instantiated so that the kernel after a cuBLAS GEMM launches once the GEMM's programs have all started instead of
-when they have ended (``kernel/pdl_graph.py``).
+Each graph ends in the greedy argmax of its logits (``greedy_tokens``), so an all-greedy batch launches no argmax
+from the host after the replay. Where our kernels launch with programmatic dependent launch, each captured graph
+is rewired before it is instantiated (``kernel/pdl_graph.py``).
 """
 
 from __future__ import annotations
@@ -57,7 +51,7 @@ def rewires_graphs(device: torch.device) -> bool:
     return True
 
 # On a CPU graphs are off unless asked for: the emulation checks the fixed-buffer discipline (the tests ask for it)
-# but saves nothing: its copies cost ~5 % of single-stream decode (bench/results/cpu.md, "CUDA graph" row).
+# but saves nothing, and its copies cost time.
 EMULATION_MAX_BS = 16  # what the tests and the shared suite's harness ask for on a CPU
 
 
@@ -128,8 +122,8 @@ class GraphCaptureBuffer:
                 input_ids=torch.zeros(bs, dtype=torch.int32, device=device),
                 out_loc=torch.full((bs,), dummy_slot, dtype=torch.int32, device=device),
                 positions=torch.zeros(bs, dtype=torch.int32, device=device),
-                # a 16-bit buffer: an fp32 one costs a conversion kernel per replay (at batch 256 and a 152k
-                # vocabulary, 150 MB written and read again by the sampler) and changes no value
+                # a 16-bit buffer: an fp32 one costs a conversion kernel per replay ([batch, vocab] fp32 written and
+                # read again by the sampler) and changes no value
                 logits=torch.empty(bs, vocab_size, dtype=logits_dtype, device=device),
             )
 
@@ -152,9 +146,9 @@ def default_graph_bs_list(
     device: torch.device, free_memory: int, cuda_graph_bs: List[int] | None, cuda_graph_max_bs: int | None
 ) -> List[int]:
     """Explicit list if given; else [1, 2, 4] + multiples of 8 up to the max: 256 (the scheduler's default
-    max_running_req) on a GPU with more than 60 GiB free, as SGLang on an 80 GB H100 or A100 (upstream keeps 256 for
-    GPUs over 80 GiB, so an H100 would run batches of 161-256 requests without a graph), 160 otherwise; none on a
-    CPU, where an explicit max turns the emulation on. A max below 1 disables graphs."""
+    max_running_req) on a GPU with more than 60 GiB free, as SGLang on an 80 GB card (upstream keeps 256 for
+    GPUs over 80 GiB only), 160 otherwise; none on a CPU, where an explicit max turns the emulation on. A max below
+    1 disables graphs."""
     if cuda_graph_bs is not None:
         return sorted(set(cuda_graph_bs))
     if cuda_graph_max_bs is None:
@@ -169,20 +163,9 @@ def default_graph_bs_list(
 
 
 class GraphRunner:
-    def __init__(
-        self,
-        stream: Stream,
-        device: torch.device,
-        model: BaseLLMModel,
-        attn_backend: BaseAttnBackend,
-        cuda_graph_bs: List[int] | None,
-        cuda_graph_max_bs: int | None,
-        free_memory: int,
-        max_seq_len: int,
-        vocab_size: int,
-        dummy_req: Req,
-        logits_dtype: torch.dtype = torch.float32,
-    ):
+    def __init__(self, stream: Stream, device: torch.device, model: BaseLLMModel, attn_backend: BaseAttnBackend,
+                 cuda_graph_bs: List[int] | None, cuda_graph_max_bs: int | None, free_memory: int, max_seq_len: int,
+                 vocab_size: int, dummy_req: Req, logits_dtype: torch.dtype = torch.float32):
         self.stream = stream
         self.device = device
         self.model = model
@@ -256,8 +239,3 @@ class GraphRunner:
         for graph in self.graph_map.values():
             graph.reset()
         self.graph_map.clear()
-
-
-def mem_GB(size: int) -> str:
-    return f"{size / (1 << 30):.2f} GiB"
-

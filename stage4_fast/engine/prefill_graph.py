@@ -1,33 +1,22 @@
 """CUDA graphs of the decoder stack's prefill forward at a grid of token counts up to the size chunked prefill fills
 a step to (``max_extend_tokens``); a step of another count is padded up to the next one.
 
-A prefill step runs eagerly: the host launches every kernel of every layer, 7 per layer and the Python around
-them, 11-23 ms for the Qwen3-0.6B shape whatever the step's size and the host, where an 8,192-token step takes an
-H200 or H100 ~17.5 ms (``bench/gpu_notes.md``, sections 14 and 38; ``bench/results/h200-prefill-host.md``). A
-server's burst of prompts goes in as back-to-back steps of exactly that many tokens, and on a slow host the device
-waits for it. Replayed from a graph, such a step costs the host a few copies and one launch.
+Eagerly, the host launches every kernel of every layer and runs the Python around them, which for a small model
+takes about as long as the device needs for a full step: a burst of prompts, going in as back-to-back full steps,
+would leave the device waiting on the host. Replayed from a graph, a step costs the host a few copies and a launch.
 
-What lets one graph serve every batch of its token count is the attention: the Triton prefill kernel takes its
-(request, query block) work list from the device (``kernel/triton_attention.py: prefill_block_map``) with a grid
-of the list's capacity, so nothing of the launch depends on the batch's requests or their lengths. Everything
-else in the stack is shaped by the token count alone. A replay copies the batch's token ids, positions, KV slots
-(``PrefillCaptureBuffer``) and attention metadata (the backend's ``prepare_for_prefill_replay``) into the
-buffers the capture read; the LM head then runs eagerly on the graph's hidden states (its rows, the requests'
-last tokens, depend on the batch).
+One graph serves every batch of its token count because of the attention: the Triton prefill kernel takes its
+(request, query block) work list from the device (``kernel/triton_prefill.py: prefill_block_map``) with a grid of
+the list's capacity, and everything else in the stack is shaped by the token count alone. A replay copies the
+batch's token ids, positions, KV slots (``PrefillCaptureBuffer``) and attention metadata into the captured buffers;
+the LM head then runs eagerly on the graph's hidden states (its rows, the requests' last tokens, depend on the batch).
 
-The other token counts: a burst's first and last steps, a lone prompt, an offline run's last step. Each used to
-launch eagerly at a count the process had not run, 27-46 ms of host (``bench/gpu_notes.md``, section 40). Here they
-are padded, as decode batches are (``engine/graph.py``), up to the next size of the grid (``prefill_graph_sizes``:
-every eighth of the step size, then halves down to ``MIN_TOKENS``), so that a padded step carries at most an eighth
-of a full step's tokens more (below an eighth, at most as many as its own, or ``MIN_TOKENS``). The padding is dummy
-prompts of at most ``PAD_REQ_TOKENS`` tokens in the padding request's table row, after the batch's own requests:
-their KV goes to the padding slot, which no request reads, and their attention reads nothing of the others'; the LM
-head only takes the batch's own requests' rows. The graphs share one memory pool, captured from the largest down, as
-vLLM's are.
-
-vLLM captures prefill forwards too (piecewise: the attention outside its graphs, the rest compiled, at its
-``cudagraph_capture_sizes``); SGLang has piecewise prefill graphs behind ``--enable-piecewise-cuda-graph``. Here
-the attention is inside. On CPU, ``EmulatedGraph`` stands in for the graphs as for decode (``engine/graph.py``).
+Other token counts (a burst's first and last steps, a lone prompt) are padded, as decode batches are, up to the next
+size of the grid (``prefill_graph_sizes``): every eighth of the step size, then halves down to ``MIN_TOKENS``. The
+padding is dummy prompts of at most ``PAD_REQ_TOKENS`` tokens in the padding request's table row: their KV goes to
+the padding slot, which no request reads, and the LM head takes only the batch's own rows. The graphs share one
+memory pool, captured from the largest down, as vLLM's are (vLLM and SGLang capture prefill piecewise, the attention
+outside; here it is inside). On CPU, ``EmulatedGraph`` stands in for the graphs (``engine/graph.py``).
 """
 
 from __future__ import annotations
@@ -84,9 +73,7 @@ def prefill_graph_problem(model: BaseLLMModel, attn_backend: BaseAttnBackend) ->
     return None
 
 
-# the grid's smallest size: a step below it pads up to it. Not tuned: 256 tokens are 1/32 of an 8,192-token step
-# (~17.5 ms of device, so well under a millisecond if the time scales with the tokens), against the 11-23 ms an
-# eager launch takes the host
+# the grid's smallest size: a step below it pads up to it (a small fraction of a full step's device time)
 MIN_TOKENS = 256
 # the padding's prompts are at most this long: causal attention over each costs its length squared, so one dummy
 # prompt of the whole padding (up to an eighth of a step) would cost more than several short ones
@@ -165,10 +152,8 @@ class PrefillGraphRunner:
             rewire = not self.emulated and rewires_graphs(self.device)
             graph, _ = capture_graph(forward, batch, self.stream, self.emulated, rewire, pool)
             if not self.emulated:
-                # a graph's first launch uploads it to the device: done here rather than in the first real step
-                # (not measured apart: the ~18 ms a process's first step of many requests took with this replay or
-                # without it were kernels' first launches, which the scheduler's start-up warm-up step now pays,
-                # bench/results/h100-warm-up-step.md); this one writes the padding slot again
+                # a graph's first launch uploads it to the device: here rather than in the first real step (it writes
+                # the padding slot again)
                 graph.replay()
                 synchronize(self.device)
         return graph
@@ -184,7 +169,7 @@ class PrefillGraphRunner:
         pad = size - num_tokens
         lens = [PAD_REQ_TOKENS] * (pad // PAD_REQ_TOKENS) + ([pad % PAD_REQ_TOKENS] if pad % PAD_REQ_TOKENS else [])
         # the attention's buffers hold min(max_reqs, size) requests, and its work list as many blocks more than
-        # the tokens fill (kernel/triton_attention.py: prefill_block_map_capacity)
+        # the tokens fill (kernel/triton_prefill.py: prefill_block_map_capacity)
         if len(batch.reqs) + len(lens) > min(self.max_reqs, size):
             return
         batch.padded_reqs += [self._pad_req(n) for n in lens]

@@ -9,7 +9,6 @@ from typing import Tuple
 
 import torch
 
-from ..env import ENV
 from .jit import load_cuda_kernels
 from .ref import indexing_ref, is_fp8, store_cache_ref
 
@@ -48,9 +47,8 @@ def indexing(weights: torch.Tensor, indices: torch.Tensor, *, output: torch.Tens
 
 def fused_kernels_for(x: torch.Tensor):
     """The fused Triton element-wise kernels (``triton_fused``) when they apply to activation ``x`` (a CUDA tensor
-    in bf16/fp16, not switched off by MINISGL_DISABLE_FUSED_KERNELS), else None: callers then take the PyTorch
-    path. Triton is imported only here."""
-    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)) or ENV.DISABLE_FUSED_KERNELS.value:
+    in bf16/fp16), else None: callers then take the PyTorch path. Triton is imported only here."""
+    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
         return None
     from . import triton_fused
 
@@ -59,10 +57,8 @@ def fused_kernels_for(x: torch.Tensor):
 
 def gemv_kernel_for(x: torch.Tensor):
     """The Triton GEMV (``triton_gemv``) when it applies to the activation ``x`` of a linear layer: one row, a CUDA
-    tensor in bf16/fp16, not switched off by MINISGL_DISABLE_GEMV. Else None: callers use F.linear."""
+    tensor in bf16/fp16. Else None: callers use F.linear."""
     if x.dim() != 2 or x.shape[0] != 1 or not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
-        return None
-    if ENV.DISABLE_GEMV.value:
         return None
     from . import triton_gemv
 
@@ -71,10 +67,10 @@ def gemv_kernel_for(x: torch.Tensor):
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(-1)`` of [rows, vocab] logits as int32 (what the engine keeps token ids in): the Triton
-    kernel (``triton_argmax``: the same answer, ties and NaN included) for CUDA logits in bf16/fp16 unless
-    MINISGL_DISABLE_TRITON_ARGMAX is set, else PyTorch's."""
+    kernel (``triton_argmax``: the same answer, ties and NaN included) for CUDA logits in bf16/fp16, else
+    PyTorch's."""
     if (logits.is_cuda and logits.dtype in (torch.bfloat16, torch.float16) and logits.dim() == 2
-            and logits.stride(1) == 1 and not ENV.DISABLE_TRITON_ARGMAX.value):
+            and logits.stride(1) == 1):
         from . import triton_argmax
 
         return triton_argmax.argmax_rows(logits)

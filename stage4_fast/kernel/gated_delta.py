@@ -88,12 +88,7 @@ def recurrent_gated_delta_rule(
 
 
 def chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor | None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor | None,
     chunk_size: int = CHUNK_SIZE,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One request's segment. q/k [L, Hk, Dk], v [L, Hv, Dv], g/beta [L, Hv], state [Hv, Dk, Dv] (None: zeros).

@@ -1,20 +1,15 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the engine's Triton kernels.
 
 A decode step is a chain of a few hundred small dependent kernels; inside a CUDA graph each boundary still costs
-the next kernel's launch and ramp, during which the GPU waits for nothing but the start. Launched with PDL a kernel
-may start while the one before it is still running: its programs wait for that kernel's results with
-``griddepcontrol.wait`` (``pdl_wait``) before they read anything it wrote, and meanwhile may read what no earlier
-kernel writes (a GEMV's weights). Right after its wait a kernel lets the next one launch
-(``griddepcontrol.launch_dependents``): the one before has finished by then, so at most two kernels overlap and the
-second only reads constants until its wait — or what was written before the kernel before it started (the
-deferred norms' hidden rows, ``triton_fused``).
+the next kernel's launch and ramp. Launched with PDL a kernel may start while the one before it still runs: its
+programs wait with ``griddepcontrol.wait`` (``pdl_wait``) before they read anything that kernel wrote, and
+meanwhile may read what no earlier kernel writes (a GEMV's weights). Right after its wait a kernel lets the next
+one launch (``griddepcontrol.launch_dependents``), so at most two kernels overlap and the second reads only
+constants until its wait (or rows written before the kernel before it started: the deferred norms', ``triton_fused``).
 
-A kernel launched without PDL, or one that follows a kernel which never signals (cuBLAS, torch), simply starts when
-the previous kernel ends: the order of the stream is unchanged. ``MINISGL_DISABLE_PDL=1`` switches it off (A/B);
-Triton's interpreter and GPUs before compute capability 9.0 never use it. The answer is worked out once per device
-(as upstream reads its switches once): every eager Triton launch asks, and reading the environment each time cost
-~6 us per launch on a 2-core machine, the kept answer ~1 us (tests that change the environment call
-``_enabled.cache_clear()``).
+A kernel launched without PDL, or after one that never signals (cuBLAS, torch), starts when the previous kernel
+ends: the stream's order is unchanged. Triton's interpreter and GPUs before compute capability 9.0 never use it.
+The answer is worked out once per device, since every eager Triton launch asks.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..env import ENV
 from . import triton_interpreting
 
 
@@ -48,7 +42,7 @@ def _capable(device_index: int) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _enabled(device_index: int) -> bool:
-    return not triton_interpreting() and not ENV.DISABLE_PDL.value and _capable(device_index)
+    return not triton_interpreting() and _capable(device_index)
 
 
 def pdl_launch(device: torch.device) -> Tuple[bool, Dict[str, Any]]:

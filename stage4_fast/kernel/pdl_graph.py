@@ -10,13 +10,11 @@ kernel launches while the GEMM runs and its programs wait in ``griddepcontrol.wa
 GEMM has completed and its writes are visible (the CUDA driver API's description of programmatic edges; the PTX
 manual's of ``griddepcontrol.wait``). What any kernel reads is unchanged, so the results are the same bits.
 
-Which edges: those of the programmatic type (the capture made them for kernels launched with PDL) whose upstream
-kernel was itself launched without PDL, i.e. has no programmatic edge coming in: a kernel that signals keeps the
-``launch_dependents`` it chose. (One of ours whose predecessor is a copy node has no such edge either and is moved
-too: harmless, since correctness rests on the dependent's wait, not on when it launches.) The graph must be captured
-with ``torch.cuda.CUDAGraph(keep_graph=True)`` and instantiated after the rewiring. The CUDA driver
-(``libcuda.so.1``) is called through ctypes; where it lacks the edge functions (drivers before CUDA 12.3) the graph
-stays as captured.
+Which edges: the programmatic ones whose upstream kernel has no programmatic edge coming in (launched without
+PDL); a kernel that signals keeps the ``launch_dependents`` it chose. Moving one too many is harmless: correctness
+rests on the dependent's wait, not on when it launches. The graph is captured with
+``torch.cuda.CUDAGraph(keep_graph=True)`` and instantiated after the rewiring; the driver (``libcuda.so.1``) is
+called through ctypes, and where it lacks the edge functions (before CUDA 12.3) the graph stays as captured.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Greedy sampling's argmax over 16-bit logits on a GPU: ``torch.argmax(logits, -1)`` with the same answer, in int32.
 
-Why: at a decode batch of 223 and a 151,936-token vocabulary PyTorch's reduction read the 68 MB of logits in 52 us
-(1.3 TB/s), one program per row walking 304 KB (bench/gpu_notes.md, section 12). Here every row is cut into chunks
-that programs read side by side (thousands of programs at large batches, tens at one row), each keeping the largest
-value and its first index; a second small kernel picks each row's winner among its chunks. The int32 result also
-saves the engine's conversion of PyTorch's int64 indices.
+Why: PyTorch's reduction reads a decode batch's logits (tens of MB at a 152k vocabulary) with one program per row
+walking the whole row, far below the memory's bandwidth. Here programs read chunks of every row side by side, each
+keeping the largest value and its first index; a second small kernel picks each row's winner among its chunks. The
+int32 result also saves the engine's conversion of PyTorch's int64 indices.
 
 Same answer as PyTorch, ties and NaN included: the first index of the largest value; a NaN counts as larger than
 every number (the first NaN wins), as in ``torch.argmax``. Values compare in fp32 (exact for 16-bit inputs).

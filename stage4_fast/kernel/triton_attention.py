@@ -1,16 +1,13 @@
 """Triton paged attention over the token-slot page table (page size 1 view, like upstream's FlashInfer path).
 
-Both kernels read K/V rows straight from the pool through ``page_table[table_idx[b], pos]`` (token slots), so a
-request's KV never has to be contiguous and nothing is gathered on the host.
+The kernels read K/V rows straight from the pool through ``page_table[table_idx[b], pos]`` (token slots), so a
+request's KV never has to be contiguous and nothing is gathered on the host. This module holds the key-block loop
+both kernels share and the decode kernel; ``triton_prefill`` holds the prefill (extend) kernel.
 
-* decode: one query token per request. Grid (batch, kv_head, split): every program owns all query heads of one
-  KV head (GQA packing, so each K/V row is read once per KV head) and one slice of the sequence (split-K, so a
-  small batch still fills the GPU); a second kernel merges the slices by their log-sum-exp. The number of
-  splits depends only on the batch size, so a CUDA graph captured for one batch size replays with any lengths.
-* prefill (extend): ragged queries with a cached prefix, causal. Grid (batch, kv_head, query block): a program's
-  rows are a block of query tokens times the KV head's query heads (GQA packing again); query token i of request
-  b sits at position ``seq_len - extend_len + i`` and sees keys up to that position, so the key blocks before
-  the block's first token run unmasked and only those the diagonal crosses are masked.
+Decode: one query token per request. Grid (batch, kv_head, split): every program owns all query heads of one KV
+head (GQA packing, so each K/V row is read once per KV head) and one slice of the sequence (split-K, so a small
+batch still fills the GPU); a second kernel merges the slices by their log-sum-exp. The number of splits depends
+only on the batch size, so a CUDA graph captured for one batch size replays with any lengths.
 
 An fp8 pool (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) is read as it is stored: the kernels load the fp8
 rows (half the bytes of bf16, which is what a decode step is bound by) and convert them to the query's dtype in
@@ -25,12 +22,10 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from ..env import ENV
 from . import triton_interpreting as _interpreting
 from .jit import load_cuda_kernels
 from .pdl import pdl_launch, pdl_wait
@@ -46,12 +41,9 @@ def _dot_precision(dtype: torch.dtype) -> str | None:
 def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     """fp8 K/V under 16-bit queries: the dots run in fp16, not the queries' dtype. fp8 values are exact in fp16
     (e5m2 is fp16's upper byte) and convert in one instruction per two values, where bf16 takes a detour through
-    fp32: one decode layer at the upstream workload's shape took 176 us instead of 191 us on the H200
-    (bench/results/h200-history.md). Queries lose nothing (fp16 has more mantissa than bf16; |q| stays far below 65504
-    after the q norm); probabilities gain precision. MINISGL_TRITON_FP8_DOTS=q keeps the queries' dtype."""
-    if kv_dtype.itemsize != 1 or q_dtype not in (torch.float16, torch.bfloat16):
-        return False
-    return ENV.TRITON_FP8_DOTS.value == "fp16"
+    fp32. Queries lose nothing (fp16 has more mantissa than bf16; |q| stays far below 65504 after the q norm);
+    probabilities gain precision."""
+    return kv_dtype.itemsize == 1 and q_dtype in (torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -101,10 +93,10 @@ def _attend_key_block(
 
 # Triton compiles one variant per "specialisation" of a kernel's integer arguments (== 1, divisible by 16). The
 # decode kernels must not get a new variant from the split count or from whoever allocated the split scratch: the
-# CUDA graphs (fixed buffers, MAX splits wide) compile theirs at capture, and an eager decode-shaped batch (a prefill
-# of one token per request, e.g. prompts the prefix cache holds but for their last token) compiling another one
-# stalled every running request for ~0.8 s on the H200 (bench/gpu_notes.md, "warm cache"). So num_splits is not
-# specialised on, and eager scratch is allocated SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
+# CUDA graphs (fixed buffers, MAX splits wide) compile theirs at capture; an eager decode-shaped batch (a prefill
+# of one token per request, e.g. prompts the prefix cache holds but for their last token) must not compile another
+# one while every running request waits. So num_splits is not specialised on, and eager scratch is allocated
+# SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
 SCRATCH_SPLIT_ALIGN = 16
 _DECODE_UNSPECIALISED = ["num_splits"]
 
@@ -113,8 +105,7 @@ _DECODE_UNSPECIALISED = ["num_splits"]
 def _decode_split_kernel(
     Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    sm_scale, v_scale, num_splits,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, sm_scale, v_scale, num_splits,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
     WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
@@ -187,9 +178,7 @@ def _decode_split_kernel(
 
 @triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
 def _decode_combine_kernel(
-    MidO, MidLse, Out,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
-    num_splits,
+    MidO, MidLse, Out, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
@@ -209,86 +198,6 @@ def _decode_combine_kernel(
     tl.store(Out + b * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
 
 
-@triton.jit
-def _prefill_kernel(
-    Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens, BlockMap,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
-    sm_scale, v_scale,
-    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    MAPPED: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-):
-    """One program per (request, KV head, block of BLOCK_M query tokens): its rows are the block's tokens x the
-    KV head's GROUP query heads (token-major, GROUP_P2 rows per token, the padding rows masked), so every K/V row
-    it loads serves the whole group. Key blocks below the causal diagonal, which every row sees, run unmasked;
-    the blocks the diagonal crosses are masked.
-
-    MAPPED: the grid is the entries of ``BlockMap`` times the KV heads instead, and a program reads its (request,
-    query block) from the map (``prefill_block_map``); programs past the map's count return at once, so a CUDA
-    graph captured with the grid of the map's capacity serves any batch of its token count."""
-    if MAPPED:  # a 1-D grid: the map's entries in its order, each for every KV head in turn
-        entry = tl.program_id(0) // NUM_KV_HEADS
-        kv_head = tl.program_id(0) % NUM_KV_HEADS
-        live = entry < tl.load(BlockMap)
-        entry = tl.where(live, entry, 0)  # a program past the count reads entry 0 (always there), returns below
-        b = tl.load(BlockMap + 1 + 2 * entry)
-        m_block = tl.load(BlockMap + 2 + 2 * entry)
-    else:
-        b = tl.program_id(0)
-        kv_head = tl.program_id(1)
-        m_block = tl.program_id(2)
-    q_start = tl.load(CuSeqlensQ + b)
-    q_len = tl.load(CuSeqlensQ + b + 1) - q_start
-    if MAPPED:
-        q_len = tl.where(live, q_len, 0)
-    if m_block * BLOCK_M >= q_len:
-        return
-    seq_len = tl.load(SeqLens + b)
-    prefix = seq_len - q_len
-    row = tl.load(TableIdx + b).to(tl.int64)
-
-    ROWS: tl.constexpr = BLOCK_M * GROUP_P2
-    offs_r = tl.arange(0, ROWS)
-    offs_m = m_block * BLOCK_M + offs_r // GROUP_P2  # the row's query token within the request
-    head = kv_head * GROUP + offs_r % GROUP_P2
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    r_mask = (offs_m < q_len) & (offs_r % GROUP_P2 < GROUP)
-    d_mask = offs_d < HEAD_DIM
-    tokens = (q_start + offs_m).to(tl.int64)
-    q_ptrs = tokens[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(Q + q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
-    if FP16_DOTS:
-        q = q.to(tl.float16)
-
-    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    # keys up to the block's first token's position are seen by every row: whole blocks of them run unmasked
-    seen_by_all = prefix + m_block * BLOCK_M + 1
-    full_end = seen_by_all // BLOCK_N * BLOCK_N
-    for n0 in range(0, full_end, BLOCK_N):
-        pos = n0 + offs_n
-        acc, m_i, l_i = _attend_key_block(
-            q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False,
-            BLOCK_D != HEAD_DIM,
-        )
-    end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)  # the causal horizon of this query block
-    for n0 in range(full_end, end, BLOCK_N):
-        pos = n0 + offs_n
-        n_mask = pos < end
-        visible = n_mask[None, :] & (pos[None, :] <= (prefix + offs_m)[:, None])  # key 0: every row sees one
-        acc, m_i, l_i = _attend_key_block(
-            q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
-            BLOCK_D != HEAD_DIM,
-        )
-    out = acc / l_i[:, None] * v_scale
-    tl.store(Out + tokens[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
-
-
 def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
                       cuda_fp8: bool = False) -> int:
     """Split-K factor: about DECODE_PROGRAMS_PER_SM programs per SM (DECODE_PROGRAMS_PER_SM_CUDA_FP8 for the CUDA
@@ -300,42 +209,27 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_s
     return max(1, min(max_splits, math.ceil(per_sm * num_sms / max(1, batch_size * num_kv_heads))))
 
 
-# Launch parameters of the decode kernel on a GPU, from a sweep on the H200 at the upstream offline workload's
-# shapes and slot layout (bench/gpu_notes.md): 128-key blocks, 4 warps, 2 stages read the KV at 3.75 TB/s at
-# batch 218 (64 / 4 / 3: 3.63 TB/s).
+# Launch parameters of the decode kernel on a GPU, (key block, warps, stages), tuned at the offline workload's
+# shapes: 16-bit K/V in 128-key blocks; fp32 tiles are twice as large, so 64-key blocks fit shared memory.
 DECODE_BLOCK_N = 128
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
-DECODE_LAUNCH_FP32 = (64, 4, 3)  # fp32 K/V tiles are twice as large: 128-key blocks would not fit shared memory
-# an fp8 KV cache under 16-bit queries (python -m bench decode-sweep --kv-dtype fp8_e4m3 --maxnreg ...): 64-key
-# blocks, at most 128 registers per thread (below), 5 stages: the first depth at which Triton double-buffers the
-# gathered K/V tiles (its pipeliner shares the stages between the page-table load and the K/V loads it addresses,
-# so 3 or 4 stages leave one buffer); bench/results/h200-decode-whole-blocks.md
+DECODE_LAUNCH_FP32 = (64, 4, 3)
+# an fp8 KV cache under 16-bit queries: 64-key blocks with at most DECODE_MAXNREG_FP8 registers per thread (room
+# for more programs per SM) and 5 stages, the first depth at which Triton double-buffers the gathered K/V tiles
+# (its pipeliner shares the stages between the page-table load and the K/V loads it addresses)
 DECODE_LAUNCH_FP8 = (64, 4, 5)
-# split-K target: about this many programs per SM (batch x KV heads x splits); the same sweep found ~1,500
-# programs on 132 SMs best at every batch size (batch 23: 8 splits, 2.61 TB/s, where 2 splits gave 1.82 TB/s)
-DECODE_PROGRAMS_PER_SM = 11
-# the CUDA fp8 kernel's target: a split costs it more than it saves (a program's Q, page-table and first row loads are
-# a chain of dependent memory reads before its first tile, and its warps merge through shared memory at the end).
-# One split was fastest at all three of the sweep's shapes (batch 23: 43.7 us, 3-16 splits 47.8-51.5, 2 splits 59.2;
-# bench/results/h200-decode-fp8-cuda.md); 1, 2 and 4 programs per SM decoded the offline workload in the same device
-# time (3.49-3.51 s)
-DECODE_PROGRAMS_PER_SM_CUDA_FP8 = 1
-
-
-# a cap on the fp8 decode kernel's registers per thread (None: the compiler's choice). Uncapped it took ~200 with
-# 128-key blocks (the converted K/V tiles held whole), room for 2 programs per SM where bf16 (~136) fits 3; at 128
-# with 64-key blocks (no spills) 4 fit, and one layer at batch 218 reads in 156.6 instead of 163.1 us
-# (bench/results/h200-fp8-decode-sweep.md; bench/gpu_notes.md, section 9)
 DECODE_MAXNREG_FP8: int | None = 128
-
-
-# The decode loop's whole blocks unmasked (WHOLE_BLOCKS): no predicated loads, no score selects, about a quarter fewer
-# instructions per key row (48 -> 35 at 64-key fp8 blocks, compiled for sm_90). It pays where the kernel waits on
-# its instructions, an fp8 pool (converting every value): offline 26,555 -> 28,473 tok/s in one run. A bf16 pool's
-# kernel is bound by its bytes (4.0 TB/s at batch 218) and the second loop body costs registers (128 -> 183 per
-# thread, 2 programs per SM instead of 3): no gain end to end, so it keeps one masked loop
-# (bench/results/h200-decode-whole-blocks.md).
+# split-K target: about this many programs per SM (batch x KV heads x splits), so that a small batch of long
+# sequences still streams the KV at full bandwidth
+DECODE_PROGRAMS_PER_SM = 11
+# the CUDA fp8 kernel's target: a split costs it more than it saves (a program's Q, page-table and first row loads
+# are a chain of dependent reads before its first tile, and its warps merge through shared memory at the end)
+DECODE_PROGRAMS_PER_SM_CUDA_FP8 = 1
+# The decode loop's whole blocks unmasked (WHOLE_BLOCKS): no predicated loads, no score selects, about a quarter
+# fewer instructions per key row. It pays where the kernel waits on its instructions, an fp8 pool (converting every
+# value); a 16-bit pool's kernel is bound by its bytes, and the second loop body costs registers (fewer programs
+# per SM), so it keeps one masked loop.
 DECODE_WHOLE_BLOCKS_FP8 = True
 DECODE_WHOLE_BLOCKS_16BIT = False
 
@@ -350,20 +244,16 @@ def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | N
     return DECODE_MAXNREG_FP8 if kv_dtype.itemsize == 1 and q_dtype != torch.float32 else None
 
 
-# Which kernel decodes over an fp8 pool on a GPU: "cuda" (csrc/decode_fp8.cu, tensor cores without the Triton
-# kernel's 8x head padding, about a third of its instructions per key row) or "triton" (this module's kernel).
-# The CUDA kernel needs sm_89+, head_dim 128 and at most 8 query heads per KV head; elsewhere Triton runs.
-DECODE_FP8_KERNEL = "cuda"
-# Tiles per warp the CUDA fp8 kernel keeps in shared memory (2, 3 or 4): one computes while the others' rows are
-# being copied in (cp.async), so an SM has about (stages - 1) x 16 warps x 4 KB of KV in flight.
+# Over an fp8 pool a GPU decodes with the CUDA kernel (csrc/decode_fp8.cu: tensor cores without the Triton kernel's
+# 8x head padding, about a third of its instructions per key row) where it applies: sm_89+, head_dim 128, at most
+# 8 query heads per KV head; elsewhere the Triton kernel runs. Its tiles per warp kept in shared memory (2, 3 or 4):
+# one computes while the others' rows are copied in (cp.async).
 DECODE_FP8_CUDA_STAGES = 2
-# The CUDA fp8 kernel's grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False).
+# its grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False)
 DECODE_FP8_CUDA_HEADS_FIRST = True
 # Warps per program of the CUDA fp8 kernel: 4, or 8 when a launch has fewer programs (batch x KV heads x splits)
 # than this many per SM. An SM holds 16 warps either way; with few programs, 4-warp ones leave it short of warps
-# (and of KV in flight), where 8-warp ones read each sequence with twice the warps. On the H200, decode steps at
-# batch 1-32 took 5 % less device time with 8 warps; with 8 warps up to batch 65 (4 per SM), the steps at batch
-# 33-128 took 1.3 % more (bench/results/h200-decode-warps.md)
+# and of KV in flight, where 8-warp ones read each sequence with twice the warps.
 DECODE_FP8_CUDA_WIDE_BELOW = 2
 
 
@@ -392,8 +282,8 @@ def _has_fp8_conversions(device_index: int) -> bool:
 
 def cuda_fp8_decode_applies(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int,
                             device: torch.device) -> bool:
-    """Whether a decode with these shapes takes the CUDA fp8 kernel (see DECODE_FP8_KERNEL)."""
-    if DECODE_FP8_KERNEL != "cuda" or _interpreting() or device.type != "cuda" or kv_dtype.itemsize != 1:
+    """Whether a decode with these shapes takes the CUDA fp8 kernel (see DECODE_FP8_CUDA_STAGES)."""
+    if _interpreting() or device.type != "cuda" or kv_dtype.itemsize != 1:
         return False
     if q_dtype not in (torch.float16, torch.bfloat16) or head_dim != 128 or group > 8:
         return False
@@ -487,98 +377,4 @@ def decode_attention(
             mo, ml, out, *mo_strides, *ml_strides, out.stride(0), out.stride(1), num_splits,
             BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, HEAD_DIM=head_dim, PDL=pdl, **pdl_options,
         )
-    return out
-
-
-# Launch parameters of the prefill kernel on a GPU: query rows per program (tokens x the group's heads), key block,
-# warps, stages. `python -m bench prefill-sweep` on the H200 (the offline workload's prefill steps): the best launch
-# over an fp8 pool, 7 % behind the best over bf16 (64 / 32 / 4 / 2); either way the attention is ~0.06 s of the
-# workload's 0.31 s of prefill (bench/results/h200-fixed-cost-levers.md)
-PREFILL_ROWS = 128
-PREFILL_BLOCK_N = 64
-PREFILL_NUM_WARPS = 4
-PREFILL_NUM_STAGES = 3
-PREFILL_LAUNCH_FP32 = (64, 64, 4, 3)  # fp32 tiles are twice as large: 64 rows
-
-
-def prefill_launch(q_dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(rows, key block, warps, stages) of the prefill kernel on a GPU for this query dtype."""
-    if q_dtype == torch.float32:
-        return PREFILL_LAUNCH_FP32
-    return PREFILL_ROWS, PREFILL_BLOCK_N, PREFILL_NUM_WARPS, PREFILL_NUM_STAGES
-
-
-def prefill_block_m(q_dtype: torch.dtype, group: int) -> int:
-    """Query tokens per program of the prefill kernel for this query dtype and query heads per KV head."""
-    rows = 16 if _interpreting() else prefill_launch(q_dtype)[0]
-    group_p2 = triton.next_power_of_2(group)
-    return max(rows, 16, group_p2) // group_p2  # tl.dot wants 16 rows or more
-
-
-def prefill_block_map(seqlens_q: np.ndarray, seqlens_k: np.ndarray, block_m: int) -> np.ndarray:
-    """The prefill kernel's work list for a batch: int32 [1 + 2 N], the count N of (request, query block) pairs,
-    then the pairs, those with the most keys to read first (a long request's last blocks: they set the kernel's
-    end, so they start first). A batch of T query tokens has at most cdiv(T, block_m) + B pairs."""
-    blocks = -(-seqlens_q // block_m)
-    req = np.repeat(np.arange(len(seqlens_q), dtype=np.int32), blocks)
-    first = np.repeat(np.cumsum(blocks) - blocks, blocks)
-    m_block = np.arange(len(req), dtype=np.int32) - first
-    keys = seqlens_k[req] - seqlens_q[req] + np.minimum((m_block + 1) * block_m, seqlens_q[req])
-    order = np.argsort(-keys, kind="stable")
-    out = np.empty(1 + 2 * len(req), np.int32)
-    out[0] = len(req)
-    out[1::2] = req[order]
-    out[2::2] = m_block[order]
-    return out
-
-
-def prefill_block_map_capacity(num_tokens: int, max_reqs: int, block_m: int) -> int:
-    """Entries a block map of a ``num_tokens``-token batch of at most ``max_reqs`` requests can have."""
-    return triton.cdiv(num_tokens, block_m) + min(max_reqs, num_tokens)
-
-
-def prefill_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-    table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_seqlen_q: int,
-    sm_scale: float, out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-    launch: tuple[int, int, int, int] | None = None, block_map: tuple[int, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """q [T, Hq, D] (ragged, ``cu_seqlens_q`` [B+1]); K/V of this step must already be in the cache (q's dtype,
-    or fp8 read as stored value x k_scale / v_scale); seq_lens [B] = cached prefix + extend length. ``launch``
-    (rows, key block, warps, stages) overrides ``prefill_launch`` on a GPU (benchmarks). ``block_map`` =
-    (block_m, the map on the device, ``prefill_block_map``; it may be longer than its count): the programs run the
-    map's entries instead of a (request, KV head, query block) grid, whatever ``max_seqlen_q`` and B say."""
-    total, num_qo_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[1]
-    batch = table_idx.shape[0]
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1
-    if out is None:
-        out = torch.empty_like(q)
-    if batch == 0 or total == 0:
-        return out
-    group = num_qo_heads // num_kv_heads
-    group_p2 = triton.next_power_of_2(group)
-    if _interpreting():
-        rows, block_n, options = 16, 16, {}
-    else:
-        rows, block_n, num_warps, num_stages = launch or prefill_launch(q.dtype)
-        options = dict(num_warps=num_warps, num_stages=num_stages)
-    block_m = max(rows, 16, group_p2) // group_p2  # query tokens per program (tl.dot wants 16 rows or more)
-    if block_map is not None:
-        assert block_map[0] == block_m, "the block map was built for another query block"
-        mapped = block_map[1]
-        grid: tuple[int, ...] = ((mapped.shape[0] - 1) // 2 * num_kv_heads,)
-    else:
-        mapped = cu_seqlens_q  # unused
-        grid = (batch, num_kv_heads, triton.cdiv(max_seqlen_q, block_m))
-    _prefill_kernel[grid](
-        q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens, mapped,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0), out.stride(0), out.stride(1),
-        sm_scale * k_scale * LOG2E, v_scale,
-        GROUP=group, GROUP_P2=group_p2, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
-        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), MAPPED=block_map is not None, NUM_KV_HEADS=num_kv_heads,
-        **options,
-    )
     return out

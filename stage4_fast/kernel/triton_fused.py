@@ -1,13 +1,10 @@
 """Fused element-wise kernels for 16-bit GPU forwards: residual add + RMSNorm, per-head q/k RMSNorm + RoPE, and
 SiLU-and-mul, each one kernel where the PyTorch formulation launches 4 to 10.
 
-The last two also take a layer's deferred RMSNorm (``row_scale``, see models/decoder.py): their input is a
-projection of the residual stream h whose norm weight is folded into the projection's weight, so each row is first
-multiplied by h's rsqrt(mean(h^2) + eps), in fp32 and rounded to the dtype (``layers.norm.scale_by_rms_of``). That
-is the norm kernel's work without the norm kernel.
-
-A decode step at batch 256 on the Qwen3-0.6B shape is ~1,300 tiny kernels, most of them these element-wise pieces,
-and inside a CUDA graph each still costs a few microseconds: together as much device time as the attention itself.
+A decode step is over a thousand tiny kernels, most of them these element-wise pieces, and inside a CUDA graph
+each still costs its launch and ramp. The last two also take a layer's deferred RMSNorm (``row_scale``, see
+models/decoder.py): each input row is first multiplied by rsqrt(mean(h^2) + eps) of the residual stream's row h,
+in fp32 and rounded to the dtype (``layers.norm.scale_by_rms_of``), the norm kernel's work without the norm kernel.
 
 The kernels round where PyTorch rounds, so they give the bits of the unfused bf16/fp16 path (HF's op order):
 * RMSNorm: normalise in fp32, round to the 16-bit dtype, multiply by the weight and round again;
@@ -18,8 +15,7 @@ The kernels round where PyTorch rounds, so they give the bits of the unfused bf1
 Only the fp32 reduction order inside the norm differs (a last-bit difference before the rounding, rarely visible).
 
 The engine uses them only for CUDA tensors in bf16/fp16 (``kernel.fused_kernels_for``); fp32 and CPU keep the
-PyTorch path. ``MINISGL_DISABLE_FUSED_KERNELS=1`` (``env.ENV``) switches them off (for A/B measurements). The
-tests run them under Triton's interpreter on CPU against the PyTorch path.
+PyTorch path. The tests run them under Triton's interpreter on CPU against the PyTorch path.
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ from .ref import is_fp8
 # wait. That is safe where the kernel follows a projection of those rows launched by cuBLAS: such a GEMM starts only
 # once the kernel that wrote the rows has finished (edges into cuBLAS's GEMMs are full ones, kernel/pdl_graph.py),
 # so no kernel that may still be running writes them. The deferred norms' layers are built that way
-# (models/decoder.py); reading them after the wait measured 0.5-1.6 % slower end to end
-# (bench/results/h200-deferred-norms.md).
+# (models/decoder.py); reading them after the wait would only delay the kernel.
 
 
 @triton.jit

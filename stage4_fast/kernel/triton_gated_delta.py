@@ -56,13 +56,8 @@ def _recurrent_step_kernel(
 
 
 def recurrent_gated_delta_rule_inplace(
-    x: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state_pool: torch.Tensor,
-    slots: torch.Tensor,
-    num_k_heads: int,
-    head_k_dim: int,
+    x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state_pool: torch.Tensor, slots: torch.Tensor,
+    num_k_heads: int, head_k_dim: int,
 ) -> torch.Tensor:
     """x [B, conv_dim] (q | k | v after the conv), g / beta [B, v_heads], state_pool [slots, v_heads, Dk, Dv]
     fp32 (updated in place at `slots`). Returns o [B, v_heads, Dv] in x's dtype."""

@@ -2,16 +2,12 @@
 for the MLP's down projection with the SiLU-and-mul of its input folded in, and for the projections after an
 RMSNorm (qkv, gate_up) with the norm and its residual add folded in (one kernel less each).
 
-At one row cuBLAS picks latency-bound kernels on the H200: the four GEMMs of a Qwen3-0.6B layer took 26 us for
-31 MB of weights (the attention output projection alone 12 us for 4 MB, 0.34 TB/s), 0.73 ms of a 1.40 ms decode
-step (bench/gpu_notes.md, "single stream"). A GEMV is a pure weight stream: each program owns BLOCK_N output rows,
-walks K in BLOCK_K slices, multiplies in fp32 and reduces once at the end; the grid is wide enough (hundreds of
-programs) to keep every SM's loads in flight.
-
-Rounding: fp32 products and sums, one rounding to the output dtype, as cuBLAS's fp32 accumulation; only the order
-of the fp32 sum differs (last-bit differences in the 16-bit result). The engine uses it for CUDA tensors in
-bf16/fp16 only (``kernel.gemv_kernel_for``); ``MINISGL_DISABLE_GEMV=1`` switches it off for A/B runs. The tests
-run it under Triton's interpreter on CPU against ``F.linear``.
+At one row cuBLAS picks latency-bound kernels that stream the weights far below the memory's bandwidth. A GEMV
+is a pure weight stream: each program owns BLOCK_N output rows, walks K in BLOCK_K slices, multiplies in fp32 and
+reduces once at the end; hundreds of programs keep every SM's loads in flight. Rounding: fp32 products and sums,
+one rounding to the output dtype, as cuBLAS's fp32 accumulation (only the order of the sum differs). The engine
+uses it for CUDA tensors in bf16/fp16 only (``kernel.gemv_kernel_for``); the tests run it under Triton's
+interpreter against ``F.linear``.
 """
 
 from __future__ import annotations
@@ -92,9 +88,9 @@ def _gemv_kernel(X, W, Bias, Y, R, NormW, ResOut, N, K, stride_wn, eps,
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_mask)
 
 
-# Launch (output rows per program, K slice, warps) from `python -m bench gemv-sweep` on the H200 at the Qwen3-0.6B
-# shapes (bench/gpu_notes.md, "single stream"): narrow outputs (o_proj, down_proj: 1,024) want 2 rows per program
-# so that 512 programs cover the GPU, wide ones (qkv 4,096, gate_up 6,144) 8 rows and shorter K slices.
+# Launch (output rows per program, K slice, warps), tuned at the Qwen3-0.6B shapes: narrow outputs (o_proj,
+# down_proj: 1,024) want 2 rows per program so that 512 programs cover the GPU, wide ones (qkv 4,096, gate_up
+# 6,144) 8 rows and shorter K slices.
 GEMV_NARROW = (2, 1024, 4)
 GEMV_WIDE = (8, 512, 2)
 GEMV_WIDE_FROM = 4096  # outputs
@@ -105,21 +101,19 @@ def gemv_launch(n: int) -> tuple[int, int, int]:
     return GEMV_WIDE if n >= GEMV_WIDE_FROM else GEMV_NARROW
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False,
-         launch: tuple[int, int, int] | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
     """x [1, K] (``gated``: [1, 2K] = [gate | up], multiplied as silu(gate) * up first), weight [N, K] with unit
-    stride along K, bias [N] or None -> [1, N] in x's dtype. ``launch`` overrides ``gemv_launch`` (benchmarks)."""
+    stride along K, bias [N] or None -> [1, N] in x's dtype."""
     assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
     n, k = weight.shape
     assert x.shape[1] == (2 * k if gated else k), f"x has {x.shape[1]} features, the weight {k}"
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _launch(x, weight, bias, y, gated=gated, launch=launch)
+    _launch(x, weight, bias, y, gated=gated)
     return y
 
 
 def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                weight: torch.Tensor, bias: torch.Tensor | None = None,
-                launch: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The RMSNorm with its residual add, then the linear layer, in one kernel: what ``add_rmsnorm`` (or
     ``RMSNormFused.forward``) followed by ``gemv`` computes. x, residual [1, K] -> (y [1, N], the new residual
     stream x + residual [1, K] — a new tensor; x itself when there is no residual)."""
@@ -128,19 +122,19 @@ def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     assert x.shape[1] == k and norm_weight.shape == (k,), f"x has {x.shape[1]} features, the weight {k}"
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     if residual is None:
-        _launch(x, weight, bias, y, norm=(x, norm_weight, x, eps), has_residual=False, launch=launch)
+        _launch(x, weight, bias, y, norm=(x, norm_weight, x, eps), has_residual=False)
         return y, x
     assert residual.shape == x.shape and residual.stride(-1) == 1
     stream = torch.empty_like(x)
-    _launch(x, weight, bias, y, norm=(residual, norm_weight, stream, eps), has_residual=True, launch=launch)
+    _launch(x, weight, bias, y, norm=(residual, norm_weight, stream, eps), has_residual=True)
     return y, stream
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, gated: bool = False,
             norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
-            has_residual: bool = False, launch: tuple[int, int, int] | None = None) -> None:
+            has_residual: bool = False) -> None:
     n, k = weight.shape
-    block_n, block_k, warps = launch or gemv_launch(n)
+    block_n, block_k, warps = gemv_launch(n)
     residual, norm_weight, stream, eps = norm if norm is not None else (x, x, x, 0.0)  # unused without NORM
     pdl, pdl_options = pdl_launch(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](

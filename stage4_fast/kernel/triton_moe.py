@@ -23,8 +23,7 @@ from . import triton_interpreting
 
 @triton.jit
 def fused_moe_kernel(
-    A, B, C, TopkWeights, SortedTokenIds, ExpertIds, NumTokensPostPadded,
-    N, K, num_valid_tokens, num_sorted,
+    A, B, C, TopkWeights, SortedTokenIds, ExpertIds, NumTokensPostPadded, N, K, num_valid_tokens, num_sorted,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
     MUL_ROUTED_WEIGHT: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,

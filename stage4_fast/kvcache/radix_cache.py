@@ -37,8 +37,8 @@ _UUID = itertools.count()
 
 def fast_compare_key(x: torch.Tensor, y: torch.Tensor) -> int:
     """Length of the common prefix of two 1-D host tensors (upstream: a C++ std::mismatch kernel). Compared as
-    numpy views: ~4 us against ~9 through torch's ops for a 600-token prompt, and every admission and insert walks
-    the tree with it. (Lengths are read from ``shape``: ``len()`` of a tensor is a Python method, 3x slower.)"""
+    numpy views, cheaper than torch's ops on small host tensors, since every admission and insert walks the tree with
+    it. (Lengths are read from ``shape``: ``len()`` of a tensor is a slower Python method.)"""
     n = min(x.shape[0], y.shape[0])
     if n == 0:
         return 0

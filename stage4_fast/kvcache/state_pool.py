@@ -6,10 +6,9 @@ linear-attention layer keeps a fixed-size state per request instead: the last K-
 step, which is why they cannot be paged or shared between requests the way KV pages are.
 
 Slots: one per request slot (page-table row), plus the dummy request's row at the end (padding rows of a CUDA-graph
-batch read and write it). The request slot *is* the state slot, so the table manager's allocate/free allocates
-and frees the state too, under the scheduler's existing rule that a finished or aborted request's slot is released
-only after every batch that used it has completed. A request's state needs no clearing on allocation: its first
-prefill (``cached_len == 0``) starts from zeros instead of reading the slot.
+batch read and write it). The request slot *is* the state slot, so it is allocated and freed with it, under the
+scheduler's rule that a slot is released only after every batch that used it has completed. A first prefill
+(``cached_len == 0``) starts from zeros instead of reading the slot, so nothing is cleared on allocation.
 
 The delta-rule state is kept in fp32 whatever the model dtype, as HF and FLA do: it accumulates over the whole
 sequence and bf16 rounding would drift.
@@ -26,26 +25,15 @@ if TYPE_CHECKING:
 
 
 class LinearStatePool:
-    def __init__(
-        self,
-        num_layers: int,  # linear-attention layers only
-        num_slots: int,
-        conv_dim: int,
-        conv_kernel: int,
-        num_v_heads: int,
-        head_k_dim: int,
-        head_v_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        ssm_dtype: torch.dtype = torch.float32,
-    ):
-        self.num_layers = num_layers
+    def __init__(self, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int, num_v_heads: int,
+                 head_k_dim: int, head_v_dim: int, dtype: torch.dtype, device: torch.device,
+                 ssm_dtype: torch.dtype = torch.float32):
+        self.num_layers = num_layers  # linear-attention layers only
         self.num_slots = num_slots
         # zeros, not empty: the dummy slot is read by padding rows before anything was written to it
         self._conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
-        self._ssm = torch.zeros(
-            num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim, dtype=ssm_dtype, device=device
-        )
+        self._ssm = torch.zeros(num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim, dtype=ssm_dtype,
+                                device=device)
 
     def conv_state(self, layer: int) -> torch.Tensor:
         """[num_slots, conv_dim, K-1] of one linear layer (a view: writes go to the pool)."""
@@ -55,33 +43,14 @@ class LinearStatePool:
         """[num_slots, v_heads, Dk, Dv] of one linear layer (a view)."""
         return self._ssm[layer]
 
-    @staticmethod
-    def bytes_per_slot(
-        num_layers: int, conv_dim: int, conv_kernel: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-        dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32,
-    ) -> int:
-        conv = conv_dim * (conv_kernel - 1) * dtype.itemsize
-        ssm = num_v_heads * head_k_dim * head_v_dim * ssm_dtype.itemsize
-        return num_layers * (conv + ssm)
-
     @property
     def device(self) -> torch.device:
         return self._ssm.device
 
 
-def create_state_pool(
-    model_config: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device
-) -> LinearStatePool:
+def create_state_pool(model_config: ModelConfig, num_slots: int, dtype: torch.dtype,
+                      device: torch.device) -> LinearStatePool:
     lin = model_config.linear_attn
     assert lin is not None, "not a hybrid model"
-    return LinearStatePool(
-        num_layers=lin.num_linear_layers,
-        num_slots=num_slots,
-        conv_dim=lin.conv_dim,
-        conv_kernel=lin.conv_kernel,
-        num_v_heads=lin.num_v_heads,
-        head_k_dim=lin.head_k_dim,
-        head_v_dim=lin.head_v_dim,
-        dtype=dtype,
-        device=device,
-    )
+    return LinearStatePool(lin.num_linear_layers, num_slots, lin.conv_dim, lin.conv_kernel, lin.num_v_heads,
+                           lin.head_k_dim, lin.head_v_dim, dtype, device)

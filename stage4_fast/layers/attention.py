@@ -6,7 +6,6 @@ import torch
 
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
-from ..env import ENV
 from ..kernel import fused_kernels_for, is_fp8
 from ..utils import div_even
 from .base import StateLessOP
@@ -20,8 +19,8 @@ if TYPE_CHECKING:
 def fused_kv_store_applies(pool_dtype: torch.dtype, activation_dtype: torch.dtype) -> bool:
     """Whether the fused q/k norm + RoPE kernel also writes this step's K/V into the pool (one launch per layer less
     than a store kernel of their own): where the pool stores the activations' dtype, or fp8 (quantized in the
-    kernel as the store kernel would) — unless MINISGL_DISABLE_FUSED_KV_STORE is set (A/B runs)."""
-    return (pool_dtype == activation_dtype or is_fp8(pool_dtype)) and not ENV.DISABLE_FUSED_KV_STORE.value
+    kernel as the store kernel would)."""
+    return pool_dtype == activation_dtype or is_fp8(pool_dtype)
 
 
 class AttentionLayer(StateLessOP):

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from ..distributed import DistributedCommunicator, get_tp_info
-from ..env import ENV
 from ..kernel import gemv_kernel_for
 from ..utils import div_even
 from .activation import silu_and_mul
@@ -54,7 +53,7 @@ class _LinearTPImpl(BaseOP):
         forward takes one GEMV kernel with the add-RMSNorm folded in (no kernel, no round trip for the normed
         row). For layers whose input is whole on every rank (column-parallel, replicated): a norm needs the row."""
         gemv = gemv_kernel_for(x)
-        fold = gemv is not None and not ENV.DISABLE_GEMV_NORM.value and self.weight.stride(-1) == 1
+        fold = gemv is not None and self.weight.stride(-1) == 1
         if fold and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1):
             return gemv.normed_gemv(x, residual, norm.weight, norm.eps, self.weight, self.bias)
         normed, residual = norm.forward(x, residual)
@@ -133,11 +132,9 @@ class LinearOProj(LinearRowParallel):
 def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
     """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros; the outputs are dropped).
 
-    cuBLAS chooses a kernel the first time it sees a GEMM's shape: 0.15-3 ms of host per projection at a row count
-    the process has not run before (``bench/results/h100-gemm-first-calls.md``). A prefill step's token count is
-    often a new one (a burst's first and last steps, a lone prompt), and prefill steps are launched eagerly at the
-    host's pace: 6-9 ms more host for such a step, with the device waiting. Returns the number of distinct
-    projections."""
+    cuBLAS chooses a kernel on the host the first time it sees a GEMM's shape. A prefill step's token count is often
+    a new one (a burst's first and last steps, a lone prompt), and an eager prefill step is launched at the host's
+    pace, so the device would wait for those choices. Returns the number of distinct projections."""
     layers: Dict[tuple, _LinearTPImpl] = {}
     for op in model.walk():
         if isinstance(op, _LinearTPImpl):

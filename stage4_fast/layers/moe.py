@@ -15,16 +15,8 @@ class MoELayer(BaseOP):
     computes a partial sum for every token and one all-reduce completes it.
     """
 
-    def __init__(
-        self,
-        num_experts: int,
-        top_k: int,
-        hidden_size: int,
-        intermediate_size: int,
-        renormalize: bool = True,
-        activation: str = "silu",
-        apply_router_weight_on_input: bool = False,
-    ):
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool = True, activation: str = "silu", apply_router_weight_on_input: bool = False):
         tp = get_tp_info().size
         local_i = div_even(intermediate_size, tp)
         self.num_experts = num_experts
@@ -38,14 +30,7 @@ class MoELayer(BaseOP):
         self._comm = DistributedCommunicator()
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        out = get_global_ctx().moe_backend.forward(
-            hidden_states,
-            self.gate_up_proj,
-            self.down_proj,
-            router_logits,
-            self.top_k,
-            self.renormalize,
-            self.activation,
-            self.apply_router_weight_on_input,
-        )
+        out = get_global_ctx().moe_backend.forward(hidden_states, self.gate_up_proj, self.down_proj, router_logits,
+                                                   self.top_k, self.renormalize, self.activation,
+                                                   self.apply_router_weight_on_input)
         return self._comm.all_reduce(out) if self._tp_size > 1 else out

@@ -21,9 +21,8 @@ from .tp import join_followers, start_followers, tp_config_fields
 
 # Offline, nobody waits on a prefill step, so on a large GPU the offline LLM takes prefill steps twice the server's
 # (--max-num-batched-tokens 8192), as vLLM's LLM class does (16,384 against its server's 8,192 on GPUs of 70 GiB
-# and more other than the A100: vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults). On the H200 the upstream
-# offline workload's 18 prefill steps ran at the host's pace (each launch loop ~30 ms against ~22 ms on the device);
-# 9 steps of 16,384 tokens ran it at 36,537 tok/s against 31,496 on the same machine (bench/results/h200-step-cost.md).
+# and more other than the A100: vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults): half as many steps, so
+# half as many host launch loops for a device that could run them faster than the host launches them.
 OFFLINE_PREFILL_TOKENS_LARGE_GPU = 16384
 LARGE_GPU_BYTES = 70 * (1 << 30)
 
@@ -162,8 +161,8 @@ class LLM(Scheduler):
         return results
 
     def _decode_outputs(self, n: int) -> List[str]:
-        """Every output's text, in one tokenizer call per skip_special_tokens setting (a fast tokenizer decodes the
-        batch in parallel: ~0.15 s for the GPU benchmark's 134k tokens one by one on two cores, ~0.07 s at once)."""
+        """Every output's text, in one tokenizer call per skip_special_tokens setting (a fast tokenizer decodes a
+        batch in parallel, where one call per output runs one by one)."""
         texts = [""] * n
         if self.tokenizer is None:
             return texts

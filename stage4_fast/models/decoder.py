@@ -22,7 +22,6 @@ from typing import Tuple
 import torch
 
 from ..core import get_global_ctx
-from ..env import ENV
 from ..kernel import fused_kernels_for
 from ..layers import BaseOP, OPList, ParallelLMHead, RMSNormFused, VocabParallelEmbedding
 from ..layers.activation import silu_and_mul
@@ -72,9 +71,8 @@ class DecoderLayer(BaseOP):
 
 def deferred_norms_apply(layers: list) -> bool:
     """Whether a stack's norms are deferred (module docstring): dense decoder layers without a qkv bias (it would
-    be scaled with the projection), whose bf16 weights the fused kernels take (a GPU), unless
-    MINISGL_DISABLE_DEFERRED_NORMS is set (A/B runs)."""
-    if ENV.DISABLE_DEFERRED_NORMS.value or not layers:
+    be scaled with the projection), whose bf16 weights the fused kernels take (a GPU)."""
+    if not layers:
         return False
     if not all(isinstance(layer, DecoderLayer) and isinstance(layer.mlp, GatedMLP)
                and layer.self_attn.qkv_proj.bias is None for layer in layers):

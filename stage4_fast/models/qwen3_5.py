@@ -1,10 +1,9 @@
 """Qwen3.5 (text): a hybrid decoder. Most layers are gated DeltaNet linear attention (a causal conv plus a gated
 delta-rule memory per request); every few layers one is full attention (gated query, partial RoPE, q/k norm).
 
-Parameter names follow HF (`model.layers.0.linear_attn.in_proj_qkv.weight`, ...; the full-attention q/k/v are fused
-into `qkv_proj` and the MLP's gate/up into `gate_up_proj` by the loader, as for the other models). Real Qwen3.5
-checkpoints are the multimodal wrapper (`model.language_model.*` beside `model.visual.*`); the text weights are
-renamed and the vision tower and multi-token-prediction head are dropped.
+Parameter names follow HF (`model.layers.0.linear_attn.in_proj_qkv.weight`, ...; q/k/v and gate/up fused by the
+loader, as for the other models). Real checkpoints are the multimodal wrapper (`model.language_model.*`): the
+text weights are renamed, the vision tower and multi-token-prediction head dropped.
 
 Differences from the dense Qwen3 decoder, all as HF computes them:
 * every RMSNorm of the decoder (layer norms, final norm, q/k norms) scales by ``1 + weight``;
@@ -27,15 +26,7 @@ import torch.nn.functional as F
 from ..attention.hybrid_linear import HybridLinearAttnBackend
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
-from ..layers import (
-    BaseOP,
-    LinearOProj,
-    LinearQKVMerged,
-    LinearReplicated,
-    OPList,
-    VocabParallelEmbedding,
-    get_rope,
-)
+from ..layers import BaseOP, LinearOProj, LinearQKVMerged, LinearReplicated, OPList, VocabParallelEmbedding, get_rope
 from ..layers.norm import rms_norm
 from ..utils import div_even
 from .config import ModelConfig

@@ -11,17 +11,8 @@ class BaseMoeBackend(ABC):
     """Routing is the same for every backend (top-k as HF, optional renormalisation); a backend only says how the
     chosen experts run (`experts`)."""
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        w1: torch.Tensor,
-        w2: torch.Tensor,
-        gating_output: torch.Tensor,
-        topk: int,
-        renormalize: bool,
-        activation: str,
-        apply_router_weight_on_input: bool,
-    ) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, gating_output: torch.Tensor,
+                topk: int, renormalize: bool, activation: str, apply_router_weight_on_input: bool) -> torch.Tensor:
         """hidden [M, H], w1 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], router logits [M, E] -> [M, H]:
         this rank's partial sum when the experts' intermediate dim is sharded (the caller all-reduces)."""
         weights, ids = fused_topk(hidden_states, gating_output, topk, renormalize)
@@ -30,8 +21,6 @@ class BaseMoeBackend(ABC):
         return self.experts(hidden_states, w1, w2, weights, ids, activation)
 
     @abstractmethod
-    def experts(
-        self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor, activation: str,
-    ) -> torch.Tensor:
+    def experts(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, activation: str) -> torch.Tensor:
         """Each token through its top-k experts ([M, k] ids and weights), weighted and summed -> [M, H]."""

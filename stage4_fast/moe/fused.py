@@ -13,8 +13,6 @@ class FusedMoe(BaseMoeBackend):
 
         self._fused_experts = fused_experts
 
-    def experts(
-        self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor, activation: str,
-    ) -> torch.Tensor:
+    def experts(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, activation: str) -> torch.Tensor:
         return self._fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, activation)

@@ -78,17 +78,16 @@ def _compile_error(kind: str, e: Exception) -> GrammarError:
 
 class GrammarBackend:
     """Compiled grammars and one matcher per request that has one (keyed by uid). The compiler (importing
-    xgrammar and building the tokenizer's table: 3 to 8 s) is built by the first request with structured output,
-    or, in a server, by ``warm_up_in_background`` at start-up: built by that first request it stalled every running
-    stream for those seconds."""
+    xgrammar and building the tokenizer's table: seconds) is built by the first request with structured output,
+    or, in a server, by ``warm_up_in_background`` at start-up: built by that first request it would stall every
+    running stream for those seconds."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's)
         # The grammars see the tokenizer's ids only. Ids past them (a vocabulary padded for the GPU) have no text:
-        # xgrammar would take each for a special token, and its per-token check slows with their number (SmolLM2's
-        # tokenizer on a 151,936-wide model: 9.3 against 1.2 ms per step of 256 rows,
-        # bench/results/cpu-api-host.md). ``apply`` forbids them in a grammar's rows instead.
+        # xgrammar would take each for a special token, and its per-token check slows with their number. ``apply``
+        # forbids them in a grammar's rows instead.
         self.grammar_vocab = min(vocab_size, len(tokenizer)) if tokenizer is not None else vocab_size
         self._compiler: Any = None
         self._compiler_lock = threading.Lock()  # the warm-up thread and the scheduler build it once between them

@@ -60,12 +60,8 @@ def logprobs_of(logits: torch.Tensor, targets: torch.Tensor, top_k: int) -> Tupl
 
 
 def compute_logprobs(
-    logits: torch.Tensor,
-    next_tokens: torch.Tensor,
-    args: LogprobArgs,
-    token_pool: torch.Tensor | None = None,
-    prompt_hidden: torch.Tensor | None = None,
-    compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    logits: torch.Tensor, next_tokens: torch.Tensor, args: LogprobArgs, token_pool: torch.Tensor | None = None,
+    prompt_hidden: torch.Tensor | None = None, compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> BatchLogprobs:
     """The sampled tokens' logprobs from the batch's logits; with echo requests, also the prompt tokens' from the
     hidden states the LM head kept (``compute_logits`` turns them into logits, a chunk at a time)."""

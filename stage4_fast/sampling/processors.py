@@ -52,8 +52,8 @@ def apply_penalties(logits: torch.Tensor, token_pool: torch.Tensor, args: Penalt
     repetition penalty when positive and multiplied by it when negative; then ``frequency * count in the output``
     and ``presence * (count > 0)`` are subtracted."""
     vocab, m = logits.shape[-1], len(args.rows)
-    # the [m, L] positions are made here, on the device, from four [m] vectors: built on the host they took 1.32 ms
-    # per step of 256 rows (bench/results/cpu-api-host.md) and megabytes of copies
+    # the [m, L] positions are made here, on the device, from four [m] vectors: built on the host they would cost
+    # host time and megabytes of copies every step
     offsets = torch.arange(args.max_length, device=logits.device)[None, :]
     is_seen = offsets < args.lengths[:, None]  # a prompt or generated token, not padding
     positions = torch.where(is_seen, args.starts[:, None] + offsets, 0)

@@ -15,7 +15,7 @@ class SchedulerConfig(EngineConfig):
     # next chunk, so that their tokens keep coming while the prompt goes in (a server's clients are reading them).
     # A step of several prompts that ends in a cut one is followed by the next prefill step, as in SGLang. The
     # offline LLM turns it off: nobody reads tokens as they come, and each decode step between chunks leaves the
-    # GPU idle while the host finishes one prefill step and prepares the next (bench/gpu_notes.md, section 16). A
+    # GPU idle while the host finishes one prefill step and prepares the next. A
     # field, not offline_mode, because tensor-parallel ranks must schedule alike and only rank 0 is the offline LLM.
     decode_between_chunks: bool = True
     # SGLang's --enable-mixed-chunk: the running requests take their decode step inside each prefill batch (one

@@ -28,7 +28,7 @@ from typing import Any, Deque, Dict, List, NamedTuple, NoReturn, Sequence, Set, 
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from ..attention.utils import SeqLens, batch_seq_lens
+from ..attention.utils import batch_seq_lens
 from ..core import Batch, Req
 from ..engine import Engine
 from ..engine.engine import ForwardOutput
@@ -44,13 +44,12 @@ from ..message import (
     StatsBackendMsg,
     StatsMsg,
     TokenColumnsMsg,
-    TokenLogprobs,
     UserMsg,
 )
-from ..sampling import MAX_TOP_LOGPROBS, BatchLogprobs, GrammarBackend, LogprobArgs
-from ..utils import int_tensor
-from ..utils.device import create_stream, is_cuda, stream_context, synchronize, to_device_packed
+from ..sampling import GrammarBackend
+from ..utils.device import create_stream, is_cuda, stream_context, synchronize
 from ..utils.hf import load_tokenizer, resolve_model_path
+from .api_fields import ApiFieldsMixin
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
@@ -59,13 +58,11 @@ from .prefill import ChunkedReq, PrefillManager, estimated_kv_tokens
 from .step_log import StepLog
 from .stream_interval import StreamInterval
 from .table import TableManager
-from .utils import run_indices, scatter_runs
+from .utils import make_index_tuples, scatter_runs
 
 logger = logging.getLogger(__name__)
 
-# the start-up prefill's requests: several, as in a full step of a burst (8,192 tokens of 100-1,024-token prompts hold
-# ~15), whose first launches a one-request step does not make (Engine.warm_up_prefill)
-WARM_UP_PREFILL_REQS = 16
+WARM_UP_PREFILL_REQS = 16  # as in a full step of short prompts: launches a one-request step lacks (warm_up_prefill)
 
 
 class ForwardInput(NamedTuple):
@@ -86,7 +83,7 @@ class ForwardData(NamedTuple):
     batch_id: int  # launch order, to know when a released request's last batch has completed
 
 
-class Scheduler(SchedulerIOMixin):
+class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
     def __init__(self, config: SchedulerConfig) -> None:
         if config.max_extend_tokens < 1:
             raise ValueError("max_extend_tokens must be at least 1")
@@ -95,21 +92,18 @@ class Scheduler(SchedulerIOMixin):
         self.device = self.engine.device
         # full prefill steps replay a graph instead of launching every kernel from the host
         self.engine.capture_prefill_graph(config.max_extend_tokens)
-        warm_up = is_cuda(self.device) and not ENV.DISABLE_PREFILL_WARM_UP.value
-        if warm_up:  # the first long prompt, and the first step of many requests, pay no first launches
+        warm_up = is_cuda(self.device)
+        if warm_up:  # the first long prompt, the first step of many requests, a new token count: no first calls
             self.engine.warm_up_prefill(config.max_extend_tokens, WARM_UP_PREFILL_REQS)
-        if is_cuda(self.device) and not ENV.DISABLE_GEMM_WARM_UP.value:
-            self.engine.warm_up_gemms(config.max_extend_tokens)  # nor does a step of a token count not seen before
+            self.engine.warm_up_gemms(config.max_extend_tokens)
         # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
         self.stream = create_stream(self.device)
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
-        if warm_up:  # a prefill batch's scatter into the token pool, whose first launch loads its kernel: once here,
-            # zeros into the padding row (which holds zeros)
+        if warm_up:  # a prefill batch's scatter into the token pool loads its kernel: once here, zeros into zeros
             padding_row = self.engine.dummy_req.table_idx
             scatter_runs(self.table_manager.token_pool, [(padding_row, 0, torch.zeros(2, dtype=torch.int32))])
-        # a linear layer's state after a prefix cannot be rebuilt from the prefix's KV: hybrid models get no prefix
-        # sharing (naive cache), whatever was asked (attention/hybrid_linear.py)
+        # a linear layer's state cannot be rebuilt from a prefix's KV: hybrid models share no prefix (hybrid_linear.py)
         cache_type = "naive" if self.engine.config.model_config.linear_attn is not None else config.cache_type
         self.cache_manager = CacheManager(self.engine.num_pages, page_size, self.engine.page_table, cache_type)
         self.decode_manager = DecodeManager(page_size)
@@ -117,13 +111,11 @@ class Scheduler(SchedulerIOMixin):
         self.tokenizer = _try_load_tokenizer(config.model_path)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.engine.config.hf_config)
         self.engine.sampler.eos_token_id = self.eos_token_id  # min_tokens holds it back
-        # structured output: a grammar matcher per request that has one (sampling/grammar.py)
-        self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)
+        self.grammar = GrammarBackend(self.tokenizer, self.engine.config.model_config.vocab_size)  # a matcher each
         self.engine.sampler.grammar = self.grammar
         if not config.offline_mode:  # a server: xgrammar's start-up cost off the first structured request's path
             self.grammar.warm_up_in_background()
-        # echo with logprobs: uid -> the prompt logprobs of the chunks prefilled so far
-        self._prompt_logprobs: Dict[int, TokenLogprobs] = {}
+        self._prompt_logprobs = {}  # echo with logprobs (ApiFieldsMixin)
         self.num_prefill_tokens = 0  # prompt tokens computed (not served by the prefix cache), for /v1/stats
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
@@ -199,18 +191,6 @@ class Scheduler(SchedulerIOMixin):
             return
         self.prefill_manager.add_one_req(msg)
 
-    def _check_api_fields(self, msg: UserMsg) -> str | None:
-        """The production API's fields: what the API server cannot check (logit_bias ids against the vocabulary),
-        and its bounds again for the offline LLM's callers."""
-        params, vocab_size = msg.sampling_params, self.engine.config.model_config.vocab_size
-        if any(not 0 <= int(tid) < vocab_size for tid, _ in params.logit_bias):
-            return f"logit_bias token ids must be in [0, {vocab_size})"
-        if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
-            return f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.logprobs}"
-        if not 0.01 <= params.repetition_penalty <= 10.0:  # as the API's bounds
-            return f"repetition_penalty must be in [0.01, 10], got {params.repetition_penalty}"
-        return None
-
     def _abort_req(self, uid: int) -> None:
         # Fix of upstream bug 4: upstream frees an aborted request right here, although the batch in flight may
         # still hold it (its prefill is then cached a second time: double free, a lock never released). Here the
@@ -263,15 +243,12 @@ class Scheduler(SchedulerIOMixin):
         decoding = self.decode_manager.runnable
         budget = self.prefill_budget - len(self.decode_manager.running_reqs)
         if self.config.enable_mixed_chunk and decoding and budget > 0:
-            # the running requests ride along: their one token each comes out of the prefill budget (a budget they
-            # fill alone falls back to the steps below)
+            # the running requests ride along, their one token each out of the prefill budget
             if (batch := self.prefill_manager.schedule_next_batch(budget)) is not None:
                 self.decode_manager.join(batch)
         # Prefill first, as upstream and SGLang, except right after a step that was one long prompt's chunk alone
-        # while requests are decoding: then its chunks and decode steps alternate, so running requests keep
-        # producing tokens while the long prompt goes in (a server; offline, chunks go in back to back:
-        # config.decode_between_chunks). A prompt merely cut at the end of a step full of other prompts (a burst of
-        # short ones) goes on at once with the next prompts, as they would without the cut.
+        # while requests decode: then chunks and decode steps alternate (config.decode_between_chunks), so running
+        # requests keep producing tokens. A prompt merely cut at the end of a full step goes on with the next ones.
         elif not (self._last_was_lone_chunk and decoding and self.config.decode_between_chunks):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
@@ -288,7 +265,7 @@ class Scheduler(SchedulerIOMixin):
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         self.engine.pad_batch(batch)
         lens = batch_seq_lens(batch)  # one pass over the requests for everything below and the attention backend
-        input_tuple, write_tuple = _make_index_tuples(batch, lens, self.device)
+        input_tuple, write_tuple = make_index_tuples(batch, lens, self.device)
         batch.positions = input_tuple[1].to(torch.int32)
         # a decode step's new slots go where its input tokens sit: (row, position) of the first batch.size inputs
         n = batch.size
@@ -341,7 +318,7 @@ class Scheduler(SchedulerIOMixin):
         token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
         reply: List[BaseTokenizerMsg] = []
         # a token with nothing else to report goes into three columns, not a message of its own (TokenColumnsMsg);
-        # with a stream interval the held tokens are messages (StreamInterval picks them by uid)
+        # with a stream interval, tokens are messages (StreamInterval holds them by uid)
         columns = TokenColumnsMsg([], [], [])
         plain_uid, plain_token = columns.uids.append, columns.tokens.append
         plain_skip = columns.skip_special_tokens.append
@@ -389,43 +366,6 @@ class Scheduler(SchedulerIOMixin):
             reply.append(columns)
         if out := self.stream_out.step(reply):
             self.send_result(out)
-
-    def _token_logprobs(self, batch: Batch, tokens: List[int], args: LogprobArgs | None,
-                        logprobs: BatchLogprobs | None) -> Dict[int, TokenLogprobs]:
-        """Batch row -> its sampled token's logprobs; echo chunks' prompt logprobs go to ``_prompt_logprobs``."""
-        if args is None or logprobs is None:
-            return {}
-        out: Dict[int, TokenLogprobs] = {}
-        values, top_ids, top_values = (logprobs.token_logprobs.tolist(), logprobs.top_ids.tolist(),
-                                       logprobs.top_logprobs.tolist())
-        for j, i in enumerate(args.rows_host):
-            k = batch.reqs[i].sampling_params.logprobs
-            out[i] = TokenLogprobs([tokens[i]], [values[j]], [top_ids[j][:k]], [top_values[j][:k]])
-        if args.prompt_segments:
-            assert logprobs.prompt_token_logprobs is not None
-            assert logprobs.prompt_top_ids is not None and logprobs.prompt_top_logprobs is not None
-            p_values, p_ids, p_top = (logprobs.prompt_token_logprobs.tolist(), logprobs.prompt_top_ids.tolist(),
-                                      logprobs.prompt_top_logprobs.tolist())
-            for i, start, count in args.prompt_segments:
-                req = batch.reqs[i]
-                if self._is_stale(req):
-                    continue
-                k, end = req.sampling_params.logprobs, start + count
-                acc = self._prompt_logprobs.setdefault(req.uid, TokenLogprobs())
-                acc.extend(TokenLogprobs([], p_values[start:end], [t[:k] for t in p_ids[start:end]],
-                                         [t[:k] for t in p_top[start:end]]))
-        return out
-
-    def _echoed_prompt(self, req: Req) -> TokenLogprobs:
-        """The prompt's ids for echo, with the logprobs its chunks collected when logprobs were asked (the first
-        token's is None: nothing predicts it)."""
-        ids = req.input_ids.tolist()
-        acc = self._prompt_logprobs.pop(req.uid, None)
-        if not req.sampling_params.wants_prompt_logprobs:
-            return TokenLogprobs(ids, [None] * len(ids), [[] for _ in ids], [[] for _ in ids])
-        acc = acc or TokenLogprobs()
-        assert len(acc.logprobs) == len(ids) - 1, (len(acc.logprobs), len(ids))
-        return TokenLogprobs(ids, [None, *acc.logprobs], [[], *acc.top_ids], [[], *acc.top_logprobs])
 
     def _reject_stuck_head(self) -> None:
         """Called when nothing runs, nothing is in flight and yet no prefill could be formed: the head request can
@@ -556,30 +496,3 @@ def _eos_token_id(tokenizer: PreTrainedTokenizerBase | None, hf_config: Pretrain
     return -1 if eos is None else int(eos)  # -1: no EOS, requests end by length only
 
 
-def _input_index(lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(row, position) of every input token in the token pool (host, int64): a decode step's are the requests'
-    rows and cached lengths; a prefill's run from each request's cached length to its device length."""
-    if lens.is_decode:  # (a decode batch extends every request by one)
-        return lens.table_idx.to(torch.int64), lens.cached_lens.to(torch.int64)
-    return run_indices(lens.table_idx.numpy(), lens.cached_lens.numpy(), lens.seqlens_q.numpy())
-
-
-def _write_rows_and_cols(batch: Batch, lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Where each request's sampled token goes in the token pool (host). The sampled token's position is device_len
-    before the forward. A chunk's token is junk: it goes to the last column of its own row, which is never read
-    before the request overwrites it (as upstream)."""
-    n = batch.size
-    rows = lens.table_idx[:n].to(torch.int64)
-    if batch.is_decode:  # every request of a decode batch can decode (the running set keeps no other)
-        return rows, lens.seqlens_k[:n].to(torch.int64)
-    cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
-    return rows, cols
-
-
-def _make_index_tuples(batch: Batch, lens: SeqLens, device: torch.device
-                        ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
-    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its input ids from and writes
-    its sampled tokens to. The four host index rows go to the device in one copy (each copy costs the host a
-    pinned buffer and a launch, and at one stream the host's loop sets the pace)."""
-    index = to_device_packed([*_input_index(lens), *_write_rows_and_cols(batch, lens)], device)
-    return (index[0], index[1]), (index[2], index[3])

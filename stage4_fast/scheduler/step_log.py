@@ -1,16 +1,14 @@
 """A line per scheduler loop, for finding where a run's time goes: ``MINISGL_STEP_LOG=FILE`` (rank 0 of the
 overlap loop, the default one).
 
-Each line is a JSON object: when the loop began (``time.perf_counter``, one clock for every process of a machine, so
-it lines up with a benchmark client's), the batch it launched (``"prefill"``, ``"decode"`` or null; its requests and
-input tokens), the host's milliseconds in each part of the loop (receiving messages, which includes waiting for one
-when idle; scheduling and preparing the batch; launching its forward; processing the previous batch's results) and,
-inside the last part, how long it waited for the device to finish that batch; then the queues. A loop that never
-waits for the device is one where the host sets the pace (``bench/results/h100-gemm-first-calls.md``, section 1).
+Each line is a JSON object: when the loop began (``time.perf_counter``, one clock for a machine's processes), the
+batch it launched (``"prefill"``, ``"decode"`` or null; its requests and input tokens), the host's milliseconds in
+each part of the loop (receiving messages, idle waits included; scheduling; launching the forward; processing the
+previous batch's results) and, inside the last, how long it waited for the device; then the queues. A loop that
+never waits for the device is one where the host sets the pace.
 
-The lines are kept in memory and written when the scheduler goes idle, when it shuts down, and every MAX_ROWS loops
-of a scheduler that never goes idle (a file write between two steps then, every 10-20 s at a GPU's step rate, instead of
-memory that grows with the server's uptime); nothing at all when the variable is unset.
+The lines are kept in memory and written when the scheduler goes idle, shuts down, or has run MAX_ROWS loops
+without going idle (so memory does not grow with the uptime).
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@ step; its first token and its last leave at once (SGLang's ``stream_output``: th
 or a step count divisible by N; SGLang counts decode steps, this counter every processed step, prefill ones too).
 
 Every token still reaches the detokenizer, in order; what changes is how often the processes after the scheduler
-wake up for a request. Nothing is held for good: a running request is stepped until its last token, which takes
-what was held of it, and an abort takes it first (``release``). The API server merges the replies that queued up
-for a request into one chunk, so with N > 1 it writes about N times fewer chunks (its socket writes were its
-largest cost in a streaming burst, bench/gpu_notes.md, section 27), at the price of tokens arriving N at a time.
+wake up for a request. Nothing is held for good: a request's last token takes what was held of it, and an abort
+takes it first (``release``). The API server merges a request's queued replies into one chunk, so with N > 1 it
+writes about N times fewer chunks (socket writes dominate its cost in a streaming burst).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..core import SamplingParams
+from ..attention.utils import SeqLens
+from ..core import Batch, SamplingParams
+from ..utils import int_tensor
 from ..utils.device import to_device, to_device_packed
 
 if TYPE_CHECKING:
@@ -55,3 +57,32 @@ def scatter_runs(target: torch.Tensor, runs: Sequence[Tuple[int, int, torch.Tens
     if flat.device.type == "cpu" and target.device.type != "cpu":  # host values (prompt ids); slots are on the device
         flat = to_device(flat, target.device)
     target[tuple(to_device_packed([row_idx, col_idx], target.device))] = flat
+
+
+def _input_index(lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row, position) of every input token in the token pool (host, int64): a decode step's are the requests'
+    rows and cached lengths; a prefill's run from each request's cached length to its device length."""
+    if lens.is_decode:  # (a decode batch extends every request by one)
+        return lens.table_idx.to(torch.int64), lens.cached_lens.to(torch.int64)
+    return run_indices(lens.table_idx.numpy(), lens.cached_lens.numpy(), lens.seqlens_q.numpy())
+
+
+def _write_rows_and_cols(batch: Batch, lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Where each request's sampled token goes in the token pool (host). The sampled token's position is device_len
+    before the forward. A chunk's token is junk: it goes to the last column of its own row, which is never read
+    before the request overwrites it (as upstream)."""
+    n = batch.size
+    rows = lens.table_idx[:n].to(torch.int64)
+    if batch.is_decode:  # every request of a decode batch can decode (the running set keeps no other)
+        return rows, lens.seqlens_k[:n].to(torch.int64)
+    cols = int_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64)
+    return rows, cols
+
+
+def make_index_tuples(batch: Batch, lens: SeqLens, device: torch.device
+                        ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
+    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its input ids from and writes
+    its sampled tokens to. The four host index rows go to the device in one copy (each copy costs the host a
+    pinned buffer and a launch, and at one stream the host's loop sets the pace)."""
+    index = to_device_packed([*_input_index(lens), *_write_rows_and_cols(batch, lens)], device)
+    return (index[0], index[1]), (index[2], index[3])

@@ -1,5 +1,5 @@
 """When the Triton kernels launch with programmatic dependent launch (kernel/pdl.py): only compiled on a GPU of
-compute capability 9.0 or later, never under the interpreter, and switched off by MINISGL_DISABLE_PDL. That PDL
+compute capability 9.0 or later, never under the interpreter. That PDL
 changes no result is checked on the GPU (test_gpu.py: a one-token layer chain in a CUDA graph, bit for bit)."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from stage4_fast.kernel import pdl  # noqa: E402
 def hopper(monkeypatch):
     """A compiled (not interpreted) launch on a CUDA device of capability 9.0, without needing one."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv("MINISGL_DISABLE_PDL", raising=False)
     monkeypatch.setattr(pdl, "_capable", lambda index: True)
     pdl._enabled.cache_clear()
     yield
@@ -32,11 +31,8 @@ def test_a_hopper_gpu_launches_with_pdl(hopper):
     assert pdl.pdl_launch(torch.device("cuda", 0)) == (True, {"launch_pdl": True})
 
 
-def test_pdl_is_off_on_cpu_under_the_interpreter_when_disabled_and_before_hopper(hopper, monkeypatch):
+def test_pdl_is_off_on_cpu_under_the_interpreter_and_before_hopper(hopper, monkeypatch):
     assert pdl.pdl_launch(torch.device("cpu")) == (False, {})
-    monkeypatch.setenv("MINISGL_DISABLE_PDL", "1")
-    assert _launch_after_change() == (False, {})
-    monkeypatch.delenv("MINISGL_DISABLE_PDL")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _launch_after_change() == (False, {})
     monkeypatch.delenv("TRITON_INTERPRET")

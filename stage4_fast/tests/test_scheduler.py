@@ -441,7 +441,8 @@ def test_a_prompt_chunks_sampled_token_goes_to_the_last_column():
     from stage4_fast.attention.utils import batch_seq_lens
     from stage4_fast.core import Batch, Req, SamplingParams
     from stage4_fast.scheduler.prefill import ChunkedReq
-    from stage4_fast.scheduler.scheduler import Scheduler, _write_rows_and_cols
+    from stage4_fast.scheduler.scheduler import Scheduler
+    from stage4_fast.scheduler.utils import _write_rows_and_cols
 
     ids = torch.arange(10, dtype=torch.int32)
     chunk = ChunkedReq(input_ids=ids[:6], table_idx=3, cached_len=0, output_len=4, uid=1,

@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need the triton package (the [test] extra installs it)")
 
 from stage4_fast.kernel.ref import paged_attention_ref  # noqa: E402
-from stage4_fast.kernel.triton_attention import (  # noqa: E402
-    decode_attention,
+from stage4_fast.kernel.triton_attention import decode_attention  # noqa: E402
+from stage4_fast.kernel.triton_prefill import (  # noqa: E402
     prefill_attention,
     prefill_block_m,
     prefill_block_map,
@@ -170,8 +170,8 @@ class _LaunchRecorder:
 def test_eager_decode_compiles_nothing_the_graphs_did_not(monkeypatch):
     """Triton compiles a kernel once per specialisation of its integer arguments (== 1, divisible by 16). An eager
     decode-shaped batch (its own scratch, any split count) must fall in the class the CUDA graphs were captured
-    with (fixed scratch MAX_DECODE_SPLITS wide): before, split count 13 with a 13-wide scratch compiled a new
-    variant at the first warm-cache prefill, ~0.8 s on the H200 while every request waited."""
+    with (fixed scratch MAX_DECODE_SPLITS wide): a split count of 13 with a 13-wide scratch would compile a new
+    variant at the first warm-cache prefill while every running request waits."""
     import inspect
 
     from stage4_fast.attention.triton import MAX_DECODE_SPLITS
@@ -227,7 +227,7 @@ def test_fp8_cache_under_16_bit_queries_follows_the_reference(kv, q_dtype):
 
 def test_gpu_decode_launch_of_an_fp8_cache_caps_its_registers(monkeypatch):
     """On a GPU an fp8 pool's decode kernel launches with DECODE_LAUNCH_FP8, at most DECODE_MAXNREG_FP8 registers per
-    thread (uncapped it held ~200, half the programs per SM a bf16 pool runs: bench/gpu_notes.md); a bf16 pool's
+    thread (uncapped, it would hold so many that fewer programs fit an SM than a bf16 pool runs); a bf16 pool's
     launch stays uncapped. Checked on the launch arguments, with the kernel stubbed (the interpreter has no
     registers)."""
     from stage4_fast.kernel import triton_attention as ta

@@ -21,11 +21,9 @@ def setup_worker_process(role: str) -> None:
 def freeze_startup_heap() -> None:
     """Collect once, then move every object alive now into the permanent generation (`gc.freeze`), where the
     collector no longer walks it. A server process keeps its modules, model and app until it exits, and its
-    requests allocate steadily, so every oldest-generation collection walked that whole start-up heap (py-spy
-    --native: 15 % of the API server's samples in a burst of requests were the collector's, on the 2-core machine;
-    each server process ran a 120-160 ms collection during a burst, `bench/results/cpu-gc-freeze.md`).
-    What the process allocates from here on is collected as before. vLLM freezes its workers' heap after warm-up
-    (`freeze_gc_heap`) and SGLang has a `freeze_gc` call for the same. Only for a process the engine owns: an object
-    frozen here is never collected, even if it later becomes garbage."""
+    requests allocate steadily, so every oldest-generation collection would walk that whole start-up heap, a pause
+    of every request the process serves. What it allocates from here on is collected as before. vLLM freezes its
+    workers' heap after warm-up (`freeze_gc_heap`) and SGLang has a `freeze_gc` call for the same. Only for a
+    process the engine owns: an object frozen here is never collected, even if it later becomes garbage."""
     gc.collect()
     gc.freeze()

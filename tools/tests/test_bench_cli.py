@@ -21,8 +21,7 @@ def test_unknown_command_is_refused_by_name(capsys):
 
 
 def test_every_command_answers_help():
-    # decode-sweep needs triton's GPU side
-    for command in ("run", "serve", "worker", "breakdown", "decode-shapes", "tp", "tp-logits"):
+    for command in ("run", "serve", "worker", "breakdown", "tp", "tp-logits"):
         proc = subprocess.run([sys.executable, "-m", "bench", command, "--help"], cwd=REPO, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0 and f"python -m bench {command}" in proc.stdout.replace("[run]", "run"), \
@@ -82,33 +81,6 @@ def test_a_written_up_results_file_is_never_overwritten(tmp_path, monkeypatch):
     else:
         raise AssertionError("no refusal")
     assert (tmp_path / "h200.md").read_text() == "# One H200: what was measured, and how\n"
-
-
-def test_decode_shapes_fits_a_launch_as_a_fixed_part_and_a_rate():
-    """`python -m bench decode-shapes` splits a launch's time into what it costs whatever its length (a) and per KV
-    token (b): a line through exact points gives them back."""
-    from bench.gpu_decode_shapes import line
-
-    a, b = line([190 * 64, 380 * 64, 760 * 64, 1520 * 64], [3.5 + 0.45e-3 * t * 64 for t in (190, 380, 760, 1520)])
-    assert abs(a - 3.5) < 1e-9 and abs(b - 0.45e-3) < 1e-12
-
-
-def test_layer_chain_cutlass_variants_are_asked_for_by_name_and_checked_against_their_own_gemm():
-    """The cutlass-* variants of `python -m bench layer-chain` build an extension first, so a plain run leaves them
-    out; each one's output is compared with the same CUTLASS GEMM's without dependent launch, not with cuBLAS's."""
-    from types import SimpleNamespace
-
-    from bench import gpu_layer_chain as chain
-
-    assert not any(name.startswith("cutlass") for name in chain.DEFAULT_VARIANTS)
-    assert "plain" in chain.DEFAULT_VARIANTS and "triton-narrow-pdl" in chain.DEFAULT_VARIANTS
-    assert chain.reference_of("cutlass-64x64-basic-pdl") == "cutlass-64x64-basic"
-    assert chain.reference_of("triton-narrow-pdl") == "triton-narrow" and chain.reference_of("pdl") == "plain"
-    fake = SimpleNamespace(rows=64, tiles=None, cutlass=None, gemm_prefetch=False)
-    assert chain.set_variant(fake, "cutlass-128x128-cooperative-pdl") == (False, True)
-    assert fake.cutlass == "128x128-cooperative" and fake.tiles is None
-    chain.set_variant(fake, "triton-narrow")
-    assert fake.cutlass is None and fake.tiles == chain.TRITON_TILES["narrow"][64]
 
 
 def test_breakdown_with_a_stub_forward_times_the_hosts_part_of_the_gpu_workload(tmp_path):
