@@ -8,17 +8,12 @@ from typing import Any, Dict, List
 
 from ..core import SamplingParams
 from .logprobs import TokenLogprobs
-from .utils import deserialize_type, serialize_type
+from .utils import Message, by_name
 
 
 @dataclass
-class BaseTokenizerMsg:
-    def encoder(self) -> Dict[str, Any]:
-        return serialize_type(self)
-
-    @staticmethod
-    def decoder(data: Dict[str, Any]) -> BaseTokenizerMsg:
-        return deserialize_type(_CLS_MAP, data)
+class BaseTokenizerMsg(Message):
+    pass
 
 
 @dataclass
@@ -111,5 +106,5 @@ class StatsMsg(BaseTokenizerMsg):
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchTokenizerMsg, DetokenizeMsg, TokenColumnsMsg, TokenizeMsg, AbortMsg,
-                                    StatsQueryMsg, StatsMsg, SamplingParams, TokenLogprobs)}
+BaseTokenizerMsg.CLASSES = by_name(BatchTokenizerMsg, DetokenizeMsg, TokenColumnsMsg, TokenizeMsg, AbortMsg,
+                                   StatsQueryMsg, StatsMsg, SamplingParams, TokenLogprobs)

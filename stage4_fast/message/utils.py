@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Callable, Dict, Mapping, Tuple
+from typing import Any, Callable, ClassVar, Dict, Mapping, Tuple
 
 import torch
 
@@ -141,3 +141,21 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
     if isinstance(data, list):
         return data if _is_plain(data) else [deserialize_type(cls_map, v) for v in data]
     return data
+
+
+class Message:
+    """The base of one family of messages (one per queue direction): ``encoder`` / ``decoder`` for the ZMQ queues.
+    The decoder builds only the classes the family's module lists in ``CLASSES``."""
+
+    CLASSES: ClassVar[Mapping[str, type]] = {}
+
+    def encoder(self) -> Dict[str, Any]:
+        return serialize_type(self)
+
+    @classmethod
+    def decoder(cls, data: Dict[str, Any]) -> Any:
+        return deserialize_type(cls.CLASSES, data)
+
+
+def by_name(*classes: type) -> Dict[str, type]:
+    return {c.__name__: c for c in classes}
