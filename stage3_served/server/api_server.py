@@ -27,19 +27,14 @@ from .frontend import BackendUnavailable, FrontendManager, QueueFull, RequestRej
 from .guard import GuardMiddleware
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .openapi import error_responses, install_openapi
-from .protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    SamplingFields,
-    unknown_field_message,
-    usage_dict,
-)
+from .protocol.chat import ChatCompletionRequest
+from .protocol.common import APIError, unknown_field_message, usage_dict
+from .protocol.completions import CompletionRequest, GenerateRequest
+from .protocol.sampling import SamplingFields
 from .stream import Delta, generate_deltas
 
 T = TypeVar("T")
-# each endpoint's request model: the fields it implements (see protocol.py)
+# each endpoint's request model: the fields it implements (see protocol/)
 REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
                   "/generate": GenerateRequest}
 

@@ -30,25 +30,18 @@ from .guard import GuardMiddleware
 from .logprobs import CompletionLogprobs, chat_logprobs
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .openapi import error_responses, install_openapi
-from .protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    GenerateRequest,
-    NamedToolChoice,
-    SamplingFields,
-    TokenizeRequest,
-    unknown_field_message,
-    usage_dict,
-)
+from .protocol.chat import ChatCompletionRequest, NamedToolChoice
+from .protocol.common import APIError, unknown_field_message, usage_dict
+from .protocol.completions import CompletionRequest, GenerateRequest
+from .protocol.sampling import SamplingFields
+from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from .reasoning import ReasoningStream, split_reasoning
 from .stream import Delta, DeltaStream
 from .tokenize_api import add_tokenize_routes
 from .tool_calls import ToolCallReader, forced_schema
 
 T = TypeVar("T")
-# each endpoint's request model: the fields it implements (see protocol.py)
+# each endpoint's request model: the fields it implements (see protocol/)
 REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
                   "/generate": GenerateRequest, "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 

@@ -17,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from .guard import OPEN_PATHS
-from .protocol import BOUND_KEY
+from .protocol.common import BOUND_KEY
 
 
 class ErrorBody(BaseModel):
@@ -64,7 +64,7 @@ def _operations(doc: Dict[str, Any]) -> Iterator[tuple[str, Dict[str, Any]]]:
 
 
 def _fill_bounds(node: Any, bounds: Dict[str, int]) -> None:
-    """Replace each `x-bound` marker (protocol.py) with the maximum it stands for, on the integer it qualifies."""
+    """Replace each `x-bound` marker (protocol/common.py) with the maximum it stands for on its integer."""
     if isinstance(node, list):
         for item in node:
             _fill_bounds(item, bounds)

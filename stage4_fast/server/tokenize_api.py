@@ -15,7 +15,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from .openapi import error_responses
-from .protocol import APIError, DetokenizeRequest, TokenizeRequest
+from .protocol.common import APIError
+from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 
 async def _manager(app: FastAPI) -> Any:
