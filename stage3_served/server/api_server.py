@@ -151,15 +151,10 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) 
     max_seq_len = app.state.backend.max_seq_len
     _within_context(app, "max_tokens", max_tokens)
     return SamplingParams(
-        temperature=req.temperature,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        ignore_eos=req.ignore_eos,
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, ignore_eos=req.ignore_eos,
         # none given: as many as fit (the scheduler clamps to the context left after the prompt)
         max_tokens=max_tokens if max_tokens is not None else max_seq_len,
-        seed=req.seed,
-        stop_token_ids=list(req.stop_token_ids or []),
-        skip_special_tokens=req.skip_special_tokens,
+        seed=req.seed, stop_token_ids=list(req.stop_token_ids or []), skip_special_tokens=req.skip_special_tokens,
     )
 
 
@@ -172,9 +167,8 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (which aborts the request) and raise ClientGone.
-    Starlette cancels streaming responses on disconnect itself; this covers the time before the first reply and
-    non-streamed requests."""
+    """Await ``work``; if the client goes away first, cancel it (aborting the request) and raise ClientGone. (Starlette
+    cancels a streaming response itself: this covers the wait for the first reply and non-streamed requests.)"""
     work_task = asyncio.ensure_future(work)
     gone_task = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -303,8 +297,8 @@ def _add_status_routes(app: FastAPI) -> None:
 
     @app.get("/v1/stats", responses=error_responses(503))
     async def stats() -> Dict[str, Any]:
-        """KV pool / prefix cache / queue figures straight from the scheduler (asked through the same pipes the
-        requests take), plus the API server's count of requests in flight."""
+        """The scheduler's KV pool / prefix cache / queue figures (asked through the requests' pipes) and the
+        requests in flight here."""
         fm = _frontend(app)
         scheduler = await _scheduler_stats(fm)
         return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight}}
@@ -335,8 +329,7 @@ def _add_completion_routes(app: FastAPI) -> None:
 
     @app.post("/generate", responses=error_responses(503, streams=True))
     async def generate(req: GenerateRequest, request: Request) -> Response:
-        """Upstream's endpoint: greedy. Streamed events carry ``{"text": ...}`` (upstream wrote the raw text after
-        ``data:``, which breaks on newlines)."""
+        """Upstream's greedy endpoint; a streamed event carries ``{"text": ...}`` (raw text broke on newlines)."""
         params = _sampling_params(app, SamplingFields(temperature=0.0, ignore_eos=req.ignore_eos), req.max_tokens)
         deltas = generate_deltas(_frontend(app), req.prompt, params, [])
         if not req.stream:

@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from .protocol.chat import ChatCompletionRequest, NamedToolChoice
+from .protocol.common import APIError
 from .tags import tag_start_len
 
 # --tool-call-parser: vLLM's and SGLang's names of the one format parsed here
@@ -158,3 +160,21 @@ class ToolCallReader:
         if finish == "stop" and self.emitted[index]:
             finish = "tool_calls"
         return content, [{"index": first + k, **call} for k, call in enumerate(calls)], finish
+
+
+def tool_call_reader(req: ChatCompletionRequest, parser: str | None
+                     ) -> Tuple[ToolCallReader | None, Dict[str, str] | None]:
+    """How a chat request's choices are read for tool calls (None: not at all) and the grammar a forced call needs
+    (None: the request's own structured output); ``parser``: --tool-call-parser."""
+    mode = req.effective_tool_choice()
+    if mode == "none":
+        return None, None
+    if mode == "auto":
+        if parser is None:
+            raise APIError(400, "tool_choice auto (the default with tools) needs a server started with "
+                           "--tool-call-parser; send tool_choice none, required or a named tool",
+                           "invalid_value", param="tool_choice")
+        return ToolCallReader("auto", parallel=req.parallel_tool_calls), None
+    name = mode.function.name if isinstance(mode, NamedToolChoice) else None
+    return (ToolCallReader("forced", name),
+            {"json_schema": json.dumps(forced_schema(req.tool_dicts(), name, req.parallel_tool_calls))})
