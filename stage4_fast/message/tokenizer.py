@@ -44,11 +44,10 @@ class DetokenizeMsg(BaseTokenizerMsg):
 
 @dataclass
 class TokenColumnsMsg(BaseTokenizerMsg):
-    """Not upstream: one step's tokens of the running requests that have nothing else to report (not the first
-    token, not the last, no logprobs) as three columns; row i stands for ``DetokenizeMsg(uids[i], tokens[i], False,
-    skip_special_tokens=skip_special_tokens[i])``. At 256 running requests the scheduler appends to three lists
-    and msgpack packs them in C, where 256 messages cost it ~1 us each to build and serialize, about a sixth of its
-    time per streamed token (bench/results/cpu-scheduler-columns.md). Whoever reads the replies takes ``rows()``."""
+    """One step's tokens of the running requests that have nothing else to report (not the first token, not the
+    last, no logprobs) as three columns: row i stands for ``DetokenizeMsg(uids[i], tokens[i], False,
+    skip_special_tokens=skip_special_tokens[i])``. Three lists are what msgpack packs in C, where a message per
+    request costs the scheduler a Python object each step. Readers take ``rows()``."""
 
     uids: List[int]
     tokens: List[int]

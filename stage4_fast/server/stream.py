@@ -71,11 +71,10 @@ class Delta:
 
 
 class DeltaStream:
-    """One request's deltas, an async iterator. The request is submitted when the stream is made, in the caller's
-    own step: a handler that awaited it later through a task (the wait for the client's disconnect, the gather of
-    several choices) put every turn of a busy event loop between the request and the scheduler, so a burst's
-    requests reached it only after the API server had taken in the rest (on a 2-core machine the first one ~110 ms
-    after its handler ran). Closing a stream aborts its request if it has not finished, read or not."""
+    """One request's deltas, an async iterator. The request is submitted when the stream is made, in the handler's
+    own step: submitted later from a task, it would wait behind every turn of a busy event loop, and a burst's
+    requests would reach the scheduler only after the API server had taken in all the others. Closing a stream
+    aborts its request if it has not finished, read or not."""
 
     def __init__(self, frontend: FrontendManager, uid: int, deltas: AsyncGenerator[Delta, None]) -> None:
         self.frontend, self.uid, self._deltas = frontend, uid, deltas

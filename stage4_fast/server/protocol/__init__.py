@@ -9,6 +9,6 @@ ignored. Fields known but not implemented are listed in ``NOT_IMPLEMENTED_*`` wi
 - ``common``: the error, the strict base model, bounded integers, the prompt and stop shapes, usage
 - ``sampling``: the fields /v1/completions and /v1/chat/completions share
 - ``structured``: response_format and the other ways to ask for structured output
-- ``chat``: /v1/chat/completions; ``completions``: /v1/completions and upstream's /generate
+- ``chat``: /v1/chat/completions (``tools``: its functions and calls); ``completions``: /v1/completions and /generate
 - ``tokenize``: /tokenize and /detokenize
 """

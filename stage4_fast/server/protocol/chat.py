@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from .common import NI, MaxTokens, NotImplementedField, SafeInt, Strict, TopLogprobs
 from .sampling import NOT_IMPLEMENTED_SAMPLING, SamplingFields, sampling_request_rules
+from .tools import NamedToolChoice, Tool, ToolCall
 
 # a chat template variable: a JSON scalar whose integers the wire carries (a larger one is read as a number, as
 # JSON readers that parse numbers as doubles do), or a list or object of them (templates take switches and names;
@@ -39,17 +40,6 @@ def _text(content: Content | None) -> str:
     if content is None:
         return ""
     return content if isinstance(content, str) else "".join(p.text for p in content)
-
-
-class FunctionCall(Strict):
-    name: str
-    arguments: str = Field(description="JSON text")
-
-
-class ToolCall(Strict):
-    id: str
-    type: Literal["function"]
-    function: FunctionCall
 
 
 class SystemOrUserMessage(Strict):
@@ -108,27 +98,6 @@ class ToolMessage(Strict):
 
 
 ChatMessage = Annotated[SystemOrUserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
-
-
-class FunctionDefinition(Strict):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")  # OpenAI's rule
-    description: str | None = None
-    parameters: Dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
-    strict: bool | None = None
-
-
-class Tool(Strict):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(Strict):
-    name: str
-
-
-class NamedToolChoice(Strict):
-    type: Literal["function"]
-    function: NamedFunction
 
 
 # apply_chat_template's own parameters (transformers' PreTrainedTokenizerBase.apply_chat_template) and the names it

@@ -39,7 +39,7 @@ def _integral(value: Any) -> Any:
 
 
 # Integers cross process boundaries as msgpack int64 / torch int32: out-of-range ones must be refused here, not by
-# an encoder half-way through a request (found by the schema fuzzer). JSON Schema counts 16.0 as an integer, so the
+# an encoder half-way through a request. JSON Schema counts 16.0 as an integer, so the
 # strict models take it as 16 (but not 16.5, "16" or true); the bounds come first so that the schema states them.
 MAX_INT32 = 2**31 - 1
 Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]

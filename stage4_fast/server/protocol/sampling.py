@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Tuple
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
-from ...sampling.grammar import JSON_OBJECT_SCHEMA
 from .common import (
     NI,
     Bias,
@@ -22,16 +20,7 @@ from .common import (
     Strict,
     add_not_implemented,
 )
-from .structured import (
-    ONE_OF_THEM,
-    STRUCTURED_OUTPUT_FIELDS,
-    JSONObjectFormat,
-    JSONSchemaResponseFormat,
-    ResponseFormat,
-    StructuralTagResponseFormat,
-    StructuredOutputs,
-    TextFormat,
-)
+from .structured import StructuredOutputFields
 
 # what both completion endpoints know but do not implement
 NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
@@ -57,7 +46,7 @@ def sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
     # generate for it); the fields' descriptions say it, and the tests' schemathesis hooks keep to it.
 
 
-class SamplingFields(Strict):
+class SamplingFields(StructuredOutputFields):
     """What /v1/completions and /v1/chat/completions share."""
 
     model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=sampling_request_rules)
@@ -90,48 +79,11 @@ class SamplingFields(Strict):
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM / SGLang extension; 0 = off")
     logit_bias: Dict[BiasedTokenId, Bias] | None = Field(
         None, description="token id (as a string) -> bias added to its logit; ids beyond the vocabulary are a 400")
-    response_format: ResponseFormat | None = Field(
-        None, description="json_object, json_schema or structural_tag (SGLang / vLLM: free text until a trigger, "
-                          "then a structure), through xgrammar; one it cannot compile is a 400"
-                          + ONE_OF_THEM)
-    # the other ways vLLM and SGLang ask for structured output
-    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension" + ONE_OF_THEM)
-    json_schema: str | None = Field(None, description="SGLang extension: a JSON schema, as JSON text" + ONE_OF_THEM)
-    regex: str | None = Field(None, description="SGLang extension: the output matches this regular expression"
-                                                + ONE_OF_THEM)
-    ebnf: str | None = Field(None, description="SGLang extension: an EBNF grammar (xgrammar's dialect, rule root)"
-                                               + ONE_OF_THEM)
 
     def logit_bias_list(self) -> List[Tuple[int, float]]:
         return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
-
-    def grammar(self) -> Dict[str, Any]:
-        """The structured output asked for, as ``SamplingParams``' field (json_schema, regex, ebnf or structural_tag)
-        -> source, with json_any_whitespace where a JSON output may hold free whitespace; empty for free text."""
-        fmt, outputs = self.response_format, self.structured_outputs
-        if isinstance(fmt, JSONSchemaResponseFormat):
-            return {"json_schema": json.dumps(fmt.json_schema.schema_)}
-        if isinstance(fmt, JSONObjectFormat):
-            return {"json_schema": JSON_OBJECT_SCHEMA}
-        if isinstance(fmt, StructuralTagResponseFormat):
-            return {"structural_tag": fmt.source()}
-        if outputs is not None:
-            kind, source = outputs.grammar_source()
-            free_whitespace = kind == "json_schema" and outputs.disable_any_whitespace is False
-            return {kind: source, **({"json_any_whitespace": True} if free_whitespace else {})}
-        return {kind: source for kind, source in (("json_schema", self.json_schema), ("regex", self.regex),
-                                                  ("ebnf", self.ebnf)) if source is not None}
 
     def stop_list(self) -> List[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-    @model_validator(mode="after")
-    def _check_one_grammar(self) -> SamplingFields:
-        asked = [name for name in STRUCTURED_OUTPUT_FIELDS if getattr(self, name) is not None]
-        if isinstance(self.response_format, TextFormat):
-            asked.remove("response_format")  # free text: no constraint
-        if len(asked) > 1:
-            raise ValueError(f"only one way to ask for structured output per request: {', '.join(asked)} given")
-        return self

@@ -128,3 +128,45 @@ class StructuredOutputs(Strict):
 # the request fields that ask for structured output, of which a request gives one at most
 STRUCTURED_OUTPUT_FIELDS = ("response_format", "structured_outputs", "json_schema", "regex", "ebnf")
 ONE_OF_THEM = "; at most one of response_format (json), structured_outputs, json_schema, regex, ebnf"
+
+
+class StructuredOutputFields(Strict):
+    """The request fields that ask for structured output (at most one of them per request)."""
+
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object, json_schema or structural_tag (SGLang / vLLM: free text until a trigger, "
+                          "then a structure), through xgrammar; one it cannot compile is a 400"
+                          + ONE_OF_THEM)
+    # the other ways vLLM and SGLang ask for structured output
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension" + ONE_OF_THEM)
+    json_schema: str | None = Field(None, description="SGLang extension: a JSON schema, as JSON text" + ONE_OF_THEM)
+    regex: str | None = Field(None, description="SGLang extension: the output matches this regular expression"
+                                                + ONE_OF_THEM)
+    ebnf: str | None = Field(None, description="SGLang extension: an EBNF grammar (xgrammar's dialect, rule root)"
+                                               + ONE_OF_THEM)
+
+    def grammar(self) -> Dict[str, Any]:
+        """The structured output asked for, as ``SamplingParams``' field (json_schema, regex, ebnf or structural_tag)
+        -> source, with json_any_whitespace where a JSON output may hold free whitespace; empty for free text."""
+        fmt, outputs = self.response_format, self.structured_outputs
+        if isinstance(fmt, JSONSchemaResponseFormat):
+            return {"json_schema": json.dumps(fmt.json_schema.schema_)}
+        if isinstance(fmt, JSONObjectFormat):
+            return {"json_schema": JSON_OBJECT_SCHEMA}
+        if isinstance(fmt, StructuralTagResponseFormat):
+            return {"structural_tag": fmt.source()}
+        if outputs is not None:
+            kind, source = outputs.grammar_source()
+            free_whitespace = kind == "json_schema" and outputs.disable_any_whitespace is False
+            return {kind: source, **({"json_any_whitespace": True} if free_whitespace else {})}
+        return {kind: source for kind, source in (("json_schema", self.json_schema), ("regex", self.regex),
+                                                  ("ebnf", self.ebnf)) if source is not None}
+
+    @model_validator(mode="after")
+    def _check_one_grammar(self) -> StructuredOutputFields:
+        asked = [name for name in STRUCTURED_OUTPUT_FIELDS if getattr(self, name) is not None]
+        if isinstance(self.response_format, TextFormat):
+            asked.remove("response_format")  # free text: no constraint
+        if len(asked) > 1:
+            raise ValueError(f"only one way to ask for structured output per request: {', '.join(asked)} given")
+        return self
