@@ -1,11 +1,10 @@
 """The OpenAPI document (`/openapi.json`, `/docs`) made to tell the truth about this server (not upstream).
 
-FastAPI documents a 422 that the server never sends (validation errors are OpenAI's 400) and one JSON body for every
-200. Here each operation lists the statuses it answers, with OpenAI's error body: its own (declared on the route
-with ``error_responses``) plus what the front door answers anywhere (400 for a bad Content-Length, 413 for a body
-over --max-request-bytes, 401 without the --api-key). Streamed answers are ``text/event-stream``; the bounds only the
-loaded model knows (max_tokens within the context, prompt token ids within the vocabulary) are filled in; and with an
-API key the Bearer scheme is declared. Schemathesis checks the document against the running server (the tests).
+FastAPI documents a 422 the server never sends and one JSON body for every 200. Here each operation lists the
+statuses it answers, with OpenAI's error body: its own (``error_responses`` on the route) and the front door's (400
+for a bad Content-Length, 413 over --max-request-bytes, 401 with --api-key); streamed answers are
+``text/event-stream``; the bounds only the loaded model knows are filled in; an API key declares the Bearer scheme.
+Schemathesis checks the document against the running server (the tests).
 """
 
 from __future__ import annotations

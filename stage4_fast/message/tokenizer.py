@@ -36,8 +36,7 @@ class DetokenizeMsg(BaseTokenizerMsg):
     # the request's SamplingParams.skip_special_tokens, on every token's message (the detokenizer keeps no
     # per-request settings of its own; SGLang's scheduler sends it along every step too)
     skip_special_tokens: bool = True
-    # Stage 4 (production API): next_token's logprobs if the request asked; on the first token's message of an
-    # echo request, the prompt's ids (and their logprobs if asked)
+    # next_token's logprobs (when asked); an echo request's first message also has the prompt's ids (and logprobs)
     logprobs: TokenLogprobs | None = None
     prompt_logprobs: TokenLogprobs | None = None
 
@@ -75,12 +74,11 @@ def expand_columns(msgs: List[BaseTokenizerMsg]) -> List[BaseTokenizerMsg]:
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     uid: int
-    # raw prompt, chat messages ([{"role", "content"}, stage 4 also an assistant's "tool_calls" and a tool's
-    # "tool_call_id"], rendered with the model's chat template) or token ids
+    # raw prompt, chat messages ({"role", "content"}, an assistant's "tool_calls", a tool's "tool_call_id"; for
+    # the model's chat template) or token ids
     text: str | List[Dict[str, Any]] | List[int]
     sampling_params: SamplingParams
-    # stage 4: chat messages' options for the chat template (add_generation_prompt, continue_final_message and
-    # the client's template variables, e.g. Qwen3's enable_thinking); None: the defaults
+    # the chat template's options (add_generation_prompt, continue_final_message, the client's variables)
     chat_options: Dict[str, Any] | None = None
 
 

@@ -1,8 +1,8 @@
 """Prometheus figures of the API server (GET /metrics, text format).
 
-Counters and histograms are updated as requests pass; the gauges (queue, running requests, KV pages) are read from
-the scheduler's stats at scrape time, so they are never stale. Each app has its own registry: several servers in
-one process (tests) do not collide.
+Counters and histograms are updated as requests pass; the gauges (queue, running requests, KV pages) are the
+scheduler's stats read at scrape time. Each app has its own registry, so several servers in one process (tests) do
+not collide.
 
 With several API server processes (``--api-server-count``) each writes its figures to files in a directory the
 launcher owns (prometheus_client's multiprocess mode, as vLLM does), and whichever process a scrape reaches sums the

@@ -37,8 +37,8 @@ def _integral(value: Any) -> Any:
 
 
 # Integers cross process boundaries as msgpack int64 / torch int32: out-of-range ones must be refused here, not by
-# an encoder half-way through a request. JSON Schema counts 16.0 as an integer, so the
-# strict models take it as 16 (but not 16.5, "16" or true); the bounds come first so that the schema states them.
+# an encoder half-way through a request. JSON Schema counts 16.0 as an integer, so the strict models take it as 16
+# (but not 16.5, "16" or true); the bounds come first so that the schema states them.
 MAX_INT32 = 2**31 - 1
 Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]
 # ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
@@ -46,6 +46,7 @@ SafeInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1), BeforeValidator(_
 PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extra=VOCAB_BOUND),
                           BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
+
 # Prompts and stop strings: unions told apart by their JSON shape, so an error names the branch the value meant
 # (`prompt.token_ids: List should have at least 1 item`) and the schema states the same constraints (oneOf).
 Text = Annotated[str, Field(min_length=1)]
@@ -111,7 +112,7 @@ def _same_json(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-NI = NotImplementedField
+NI = NotImplementedField  # short, for the NOT_IMPLEMENTED_* tables
 
 
 def add_not_implemented(schema: Dict[str, Any], cls: type) -> None:

@@ -39,8 +39,8 @@ def _integral(value: Any) -> Any:
 
 
 # Integers cross process boundaries as msgpack int64 / torch int32: out-of-range ones must be refused here, not by
-# an encoder half-way through a request. JSON Schema counts 16.0 as an integer, so the
-# strict models take it as 16 (but not 16.5, "16" or true); the bounds come first so that the schema states them.
+# an encoder half-way through a request. JSON Schema counts 16.0 as an integer, so the strict models take it as 16
+# (but not 16.5, "16" or true); the bounds come first so that the schema states them.
 MAX_INT32 = 2**31 - 1
 Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]
 # ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
@@ -49,13 +49,14 @@ PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extr
                           BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
 MinTokens = Annotated[int, Field(ge=0, le=MAX_INT32), BeforeValidator(_integral)]
-# Stage 4 (production API): how many choices one request may ask for (OpenAI's limit on n); n times the number of
-# prompts, each choice being one engine request
+
+# the choices one request may ask for (OpenAI's limit on n), n times its prompts: each is an engine request
 MAX_CHOICES = 128
 Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES), BeforeValidator(_integral)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), BeforeValidator(_integral)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 BiasedTokenId = Annotated[str, Field(pattern=r"^[0-9]+$")]  # a token id as a JSON object key
+
 # Prompts and stop strings: unions told apart by their JSON shape, so an error names the branch the value meant
 # (`prompt.token_ids: List should have at least 1 item`) and the schema states the same constraints (oneOf).
 Text = Annotated[str, Field(min_length=1)]
@@ -121,7 +122,7 @@ def _same_json(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-NI = NotImplementedField
+NI = NotImplementedField  # short, for the NOT_IMPLEMENTED_* tables
 
 
 def add_not_implemented(schema: Dict[str, Any], cls: type) -> None:
