@@ -5,9 +5,10 @@ detokenizer -> this one. With ``--num-tokenizer 0`` (default) one worker both to
 ``--api-server-count N`` (N > 1) N API server processes serve the port and this one only watches.
 
 Lifecycle rules (upstream had none of them):
-* ready means every worker (and API server process) acknowledged; the HTTP port answers only then;
-* Ctrl-C / SIGTERM stop all workers: they ignore SIGINT (the parent alone decides), get SIGTERM, and are killed if
-  they linger; workers also die with a SIGKILLed parent;
+* ready means every worker acknowledged (the HTTP port answers only then; with ``--api-server-count N`` only once
+  all N API server processes did);
+* Ctrl-C / SIGTERM stop all workers: they ignore SIGINT (a terminal sends it to the whole process group; the
+  parent alone decides), get SIGTERM, and are killed if they linger; workers also die with a SIGKILLed parent;
 * a worker that dies brings the server down with a message naming it, instead of leaving clients hanging.
 
 With ``--nnodes N`` this runs on every machine: node 0 as above with its share of the ranks, the other nodes only
