@@ -98,7 +98,7 @@ class DetokenizeManager:
                 completion_tokens=s.completion_tokens,
                 cached_tokens=s.cached_tokens,
                 error=msg.error,
-                # stage 4: logprobs of every generated token, the final EOS or stop token too (it is not in the
+                # logprobs of every generated token, the final EOS or stop token too (it is not in the
                 # text; vLLM reports it, and lm-eval counts on one logprob per token), and the echoed prompt
                 logprobs=self._as_text(msg.logprobs) if msg.logprobs is not None else None,
                 prompt_logprobs=self._as_text(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None,

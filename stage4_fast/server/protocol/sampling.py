@@ -70,7 +70,7 @@ class SamplingFields(StructuredOutputFields):
                                                "log (--enable-log-requests)")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # stage 4, the production API (vLLM's semantics where OpenAI says nothing)
+    # the production API (vLLM's semantics where OpenAI says nothing)
     n: Choices = Field(1, description="samples per prompt; with a seed, sample j uses seed + j")
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
