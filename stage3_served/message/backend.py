@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import List
 
 import torch
 
 from ..core import SamplingParams
-from .utils import deserialize_type, serialize_type
+from .utils import Message, by_name
 
 
 @dataclass
-class BaseBackendMsg:
-    def encoder(self) -> Dict[str, Any]:
-        return serialize_type(self)
-
-    @staticmethod
-    def decoder(data: Dict[str, Any]) -> BaseBackendMsg:
-        return deserialize_type(_CLS_MAP, data)
+class BaseBackendMsg(Message):
+    pass
 
 
 @dataclass
@@ -50,5 +45,4 @@ class StatsBackendMsg(BaseBackendMsg):
     uid: int
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchBackendMsg, ExitMsg, UserMsg, AbortBackendMsg, StatsBackendMsg,
-                                    SamplingParams)}
+BaseBackendMsg.CLASSES = by_name(BatchBackendMsg, ExitMsg, UserMsg, AbortBackendMsg, StatsBackendMsg, SamplingParams)

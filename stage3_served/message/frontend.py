@@ -5,17 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from .utils import deserialize_type, serialize_type
+from .utils import Message, by_name
 
 
 @dataclass
-class BaseFrontendMsg:
-    def encoder(self) -> Dict[str, Any]:
-        return serialize_type(self)
-
-    @staticmethod
-    def decoder(data: Dict[str, Any]) -> BaseFrontendMsg:
-        return deserialize_type(_CLS_MAP, data)
+class BaseFrontendMsg(Message):
+    pass
 
 
 @dataclass
@@ -43,4 +38,4 @@ class StatsReply(BaseFrontendMsg):
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchFrontendMsg, UserReply, StatsReply)}
+BaseFrontendMsg.CLASSES = by_name(BatchFrontendMsg, UserReply, StatsReply)

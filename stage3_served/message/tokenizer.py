@@ -7,17 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from ..core import SamplingParams
-from .utils import deserialize_type, serialize_type
+from .utils import Message, by_name
 
 
 @dataclass
-class BaseTokenizerMsg:
-    def encoder(self) -> Dict[str, Any]:
-        return serialize_type(self)
-
-    @staticmethod
-    def decoder(data: Dict[str, Any]) -> BaseTokenizerMsg:
-        return deserialize_type(_CLS_MAP, data)
+class BaseTokenizerMsg(Message):
+    pass
 
 
 @dataclass
@@ -71,5 +66,5 @@ class StatsMsg(BaseTokenizerMsg):
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg, AbortMsg, StatsQueryMsg,
-                                    StatsMsg, SamplingParams)}
+BaseTokenizerMsg.CLASSES = by_name(BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg, AbortMsg, StatsQueryMsg, StatsMsg,
+                                   SamplingParams)

@@ -10,7 +10,7 @@ one whose own keys include "__type__" (data a client chose) travels wrapped, ``{
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping
+from typing import Any, ClassVar, Dict, Mapping
 
 import torch
 
@@ -67,3 +67,21 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
     if isinstance(data, list):
         return [deserialize_type(cls_map, v) for v in data]
     return data
+
+
+class Message:
+    """The base of one family of messages (one per queue direction): ``encoder`` / ``decoder`` for the ZMQ queues.
+    The decoder builds only the classes the family's module lists in ``CLASSES``."""
+
+    CLASSES: ClassVar[Mapping[str, type]] = {}
+
+    def encoder(self) -> Dict[str, Any]:
+        return serialize_type(self)
+
+    @classmethod
+    def decoder(cls, data: Dict[str, Any]) -> Any:
+        return deserialize_type(cls.CLASSES, data)
+
+
+def by_name(*classes: type) -> Dict[str, type]:
+    return {c.__name__: c for c in classes}

@@ -27,19 +27,14 @@ from .frontend import BackendUnavailable, FrontendManager, QueueFull, RequestRej
 from .guard import GuardMiddleware
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .openapi import error_responses, install_openapi
-from .protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    SamplingFields,
-    unknown_field_message,
-    usage_dict,
-)
+from .protocol.chat import ChatCompletionRequest
+from .protocol.common import APIError, unknown_field_message, usage_dict
+from .protocol.completions import CompletionRequest, GenerateRequest
+from .protocol.sampling import SamplingFields
 from .stream import Delta, generate_deltas
 
 T = TypeVar("T")
-# each endpoint's request model: the fields it implements (see protocol.py)
+# each endpoint's request model: the fields it implements (see protocol/)
 REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
                   "/generate": GenerateRequest}
 
@@ -156,15 +151,10 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) 
     max_seq_len = app.state.backend.max_seq_len
     _within_context(app, "max_tokens", max_tokens)
     return SamplingParams(
-        temperature=req.temperature,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        ignore_eos=req.ignore_eos,
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, ignore_eos=req.ignore_eos,
         # none given: as many as fit (the scheduler clamps to the context left after the prompt)
         max_tokens=max_tokens if max_tokens is not None else max_seq_len,
-        seed=req.seed,
-        stop_token_ids=list(req.stop_token_ids or []),
-        skip_special_tokens=req.skip_special_tokens,
+        seed=req.seed, stop_token_ids=list(req.stop_token_ids or []), skip_special_tokens=req.skip_special_tokens,
     )
 
 
@@ -177,9 +167,8 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (which aborts the request) and raise ClientGone.
-    Starlette cancels streaming responses on disconnect itself; this covers the time before the first reply and
-    non-streamed requests."""
+    """Await ``work``; if the client goes away first, cancel it (aborting the request) and raise ClientGone. (Starlette
+    cancels a streaming response itself: this covers the wait for the first reply and non-streamed requests.)"""
     work_task = asyncio.ensure_future(work)
     gone_task = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -268,15 +257,30 @@ def _stream_response(body: AsyncIterator[str]) -> StreamingResponse:
 
 
 def _add_routes(app: FastAPI) -> None:
-    def frontend() -> FrontendManager:
-        fm: FrontendManager = app.state.frontend
-        if fm.dead_reason is not None:
-            raise _unavailable(fm.dead_reason)
-        return fm
+    _add_status_routes(app)
+    _add_completion_routes(app)
+    _add_chat_routes(app)
 
+
+def _frontend(app: FastAPI) -> FrontendManager:
+    fm: FrontendManager = app.state.frontend
+    if fm.dead_reason is not None:
+        raise _unavailable(fm.dead_reason)
+    return fm
+
+
+async def _scheduler_stats(fm: FrontendManager) -> Dict[str, Any]:
+    try:
+        return await fm.query_stats()
+    except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
+        raise _unavailable(f"no stats from the scheduler: {e!r}") from None
+
+
+def _add_status_routes(app: FastAPI) -> None:
+    """Health, the model list, the scheduler's figures (JSON and Prometheus)."""
     @app.get("/health", responses=error_responses(503))
     async def health() -> Dict[str, str]:
-        frontend()
+        _frontend(app)
         return {"status": "ok"}
 
     # a probe some clients send; out of the schema (one operation id cannot name several methods)
@@ -293,30 +297,27 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.get("/v1/stats", responses=error_responses(503))
     async def stats() -> Dict[str, Any]:
-        """KV pool / prefix cache / queue figures straight from the scheduler (asked through the same pipes the
-        requests take), plus the API server's count of requests in flight."""
-        fm = frontend()
-        try:
-            scheduler = await fm.query_stats()
-        except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
-            raise _unavailable(f"no stats from the scheduler: {e!r}") from None
+        """The scheduler's KV pool / prefix cache / queue figures (asked through the requests' pipes) and the
+        requests in flight here."""
+        fm = _frontend(app)
+        scheduler = await _scheduler_stats(fm)
         return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight}}
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(503))
     async def metrics() -> Response:
         """Prometheus text format; the gauges are the scheduler's stats at this moment."""
-        fm = frontend()
-        try:
-            scheduler = await fm.query_stats()
-        except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
-            raise _unavailable(f"no stats from the scheduler: {e!r}") from None
+        fm = _frontend(app)
+        scheduler = await _scheduler_stats(fm)
         return Response(app.state.metrics.render(scheduler, fm.num_requests), media_type=CONTENT_TYPE_LATEST)
 
+
+def _add_completion_routes(app: FastAPI) -> None:
+    """/v1/completions and upstream's /generate."""
     @app.post("/v1/completions", responses=error_responses(404, 503, streams=True))
     async def completions(req: CompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
         params = _sampling_params(app, req, req.max_tokens)
-        deltas = generate_deltas(frontend(), req.prompt, params, req.stop_list())
+        deltas = generate_deltas(_frontend(app), req.prompt, params, req.stop_list())
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def chunk(d: Delta) -> Dict[str, Any]:
@@ -326,6 +327,21 @@ def _add_routes(app: FastAPI) -> None:
 
         return await _respond(request, req, deltas, chunk, rid, created, model, chat=False)
 
+    @app.post("/generate", responses=error_responses(503, streams=True))
+    async def generate(req: GenerateRequest, request: Request) -> Response:
+        """Upstream's greedy endpoint; a streamed event carries ``{"text": ...}`` (raw text broke on newlines)."""
+        params = _sampling_params(app, SamplingFields(temperature=0.0, ignore_eos=req.ignore_eos), req.max_tokens)
+        deltas = generate_deltas(_frontend(app), req.prompt, params, [])
+        if not req.stream:
+            d = await _collect(request, deltas)
+            return JSONResponse({"text": d.text, "finish_reason": d.finish_reason,
+                                 "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)})
+        first = await _start(request, deltas)
+        return _stream_response(_sse_stream(first, deltas, lambda d: {"text": d.text}, None))
+
+
+def _add_chat_routes(app: FastAPI) -> None:
+    """/v1/chat/completions."""
     @app.post("/v1/chat/completions", responses=error_responses(404, 503, streams=True))
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
@@ -333,7 +349,7 @@ def _add_routes(app: FastAPI) -> None:
             _within_context(app, name, getattr(req, name))
         params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        deltas = generate_deltas(frontend(), messages, params, req.stop_list())
+        deltas = generate_deltas(_frontend(app), messages, params, req.stop_list())
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def chunk(d: Delta | None) -> Dict[str, Any]:
@@ -347,41 +363,29 @@ def _add_routes(app: FastAPI) -> None:
 
         return await _respond(request, req, deltas, chunk, rid, created, model, chat=True)
 
-    async def _respond(request: Request, req: SamplingFields, deltas: AsyncIterator[Delta], chunk, rid: str,
-                       created: int, model: str, chat: bool) -> Response:
-        if req.stream:
-            first = await _start(request, deltas)
-            obj = "chat.completion.chunk" if chat else "text_completion"
 
-            def usage_chunk(d: Delta) -> Dict[str, Any]:
-                return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                        "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)}
-
-            with_usage = req.stream_options is not None and req.stream_options.include_usage
-            return _stream_response(
-                _sse_stream(first, deltas, chunk, usage_chunk if with_usage else None, head=chat)
-            )
-        d = await _collect(request, deltas)
-        if chat:
-            choice: Dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": d.text},
-                                      "logprobs": None, "finish_reason": d.finish_reason}
-        else:
-            choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
-        return JSONResponse({
-            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": model, "choices": [choice],
-            "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens),
-        })
-
-    @app.post("/generate", responses=error_responses(503, streams=True))
-    async def generate(req: GenerateRequest, request: Request) -> Response:
-        """Upstream's endpoint: greedy. Streamed events carry ``{"text": ...}`` (upstream wrote the raw text after
-        ``data:``, which breaks on newlines)."""
-        params = _sampling_params(app, SamplingFields(temperature=0.0, ignore_eos=req.ignore_eos), req.max_tokens)
-        deltas = generate_deltas(frontend(), req.prompt, params, [])
-        if not req.stream:
-            d = await _collect(request, deltas)
-            return JSONResponse({"text": d.text, "finish_reason": d.finish_reason,
-                                 "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)})
+async def _respond(request: Request, req: SamplingFields, deltas: AsyncIterator[Delta], chunk, rid: str,
+                   created: int, model: str, chat: bool) -> Response:
+    if req.stream:
         first = await _start(request, deltas)
-        return _stream_response(_sse_stream(first, deltas, lambda d: {"text": d.text}, None))
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def usage_chunk(d: Delta) -> Dict[str, Any]:
+            return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                    "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)}
+
+        with_usage = req.stream_options is not None and req.stream_options.include_usage
+        return _stream_response(
+            _sse_stream(first, deltas, chunk, usage_chunk if with_usage else None, head=chat)
+        )
+    d = await _collect(request, deltas)
+    if chat:
+        choice: Dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": d.text},
+                                  "logprobs": None, "finish_reason": d.finish_reason}
+    else:
+        choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
+    return JSONResponse({
+        "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+        "model": model, "choices": [choice],
+        "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens),
+    })

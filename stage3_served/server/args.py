@@ -51,9 +51,8 @@ class ServerArgs(SchedulerConfig):
 
     @property
     def zmq_tokenizer_addrs(self) -> List[str]:
-        """One address per tokenizer worker. Upstream let the API server PUSH round-robin to all tokenizers, so a
-        request's abort could take another worker and reach the scheduler before the request itself; we route
-        both by uid to the same worker (``uid % len(addrs)``), which keeps them in order."""
+        """One address per tokenizer worker; a request and its abort take the same one (by uid), so they stay in
+        order (upstream's round-robin could let the abort reach the scheduler first)."""
         if self.share_tokenizer:
             return [self.zmq_detokenizer_addr]
         return [f"ipc:///tmp/minisgl_4{self._unique_suffix}.{i}" for i in range(self.num_tokenizer)]

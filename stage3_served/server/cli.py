@@ -131,8 +131,14 @@ def _attention_backend(text: str) -> str:
 def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArgumentParser:
     p = ServerArgumentParser(prog=prog, description="mini-sglang stage 3: OpenAI-compatible server",
                              formatter_class=_HelpFormatter, allow_abbrev=False)
-    attn = ", ".join(SUPPORTED_ATTENTION_BACKENDS.supported_names())
+    _add_model_args(p)
+    _add_parallel_args(p)
+    _add_scheduling_args(p)
+    _add_http_args(p, run_shell)
+    return p
 
+
+def _add_model_args(p: ServerArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model-path", "--model", dest="model_path", default=None, metavar="PATH",
                    help="local model directory or hub id (default: the embedded SmolLM2-135M-Instruct)")
@@ -149,6 +155,8 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
                    help="accepted for vLLM/SGLang command lines; has no effect: only this engine's own model code "
                         "ever runs")
 
+
+def _add_parallel_args(p: ServerArgumentParser) -> None:
     g = p.add_argument_group("parallelism and memory")
     g.add_argument("--tensor-parallel-size", "--tp-size", "--tp", "-tp", dest="tp", type=_positive_int, default=1,
                    metavar="N", help="1 only: tensor parallelism arrives with stage4_fast")
@@ -164,6 +172,9 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
                    type=_positive_int, default=None, metavar="TOKENS",
                    help="context length in tokens (default: the model's max_position_embeddings)")
 
+
+def _add_scheduling_args(p: ServerArgumentParser) -> None:
+    attn = ", ".join(SUPPORTED_ATTENTION_BACKENDS.supported_names())
     g = p.add_argument_group("scheduling and kernels")
     g.add_argument("--max-running-requests", "--max-num-seqs", dest="max_running_req", type=_positive_int,
                    default=256, metavar="N", help="requests decoded together at most")
@@ -179,6 +190,8 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--num-tokenizer", "--tokenizer-count", dest="num_tokenizer", type=_non_negative_int, default=0,
                    metavar="N", help="tokenizer processes; 0 = one process tokenizes and detokenizes")
 
+
+def _add_http_args(p: ServerArgumentParser, run_shell: bool) -> None:
     g = p.add_argument_group("HTTP server")
     g.add_argument("--host", dest="server_host", default="127.0.0.1", metavar="ADDR", help="address to listen on")
     g.add_argument("--port", dest="server_port", type=_port, default=1919, metavar="PORT",
@@ -193,7 +206,6 @@ def build_parser(run_shell: bool = False, prog: str = DEFAULT_PROG) -> ServerArg
     g.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="of every process, uvicorn's included")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")
-    return p
 
 
 def prog_name() -> str:

@@ -1,7 +1,7 @@
 """The API server's front door (not upstream): Bearer auth, a request body size limit, and the request counter.
 
-A plain ASGI middleware, so it sees every request, including the ones no route matches, before FastAPI reads a
-body; an oversized body is refused from its Content-Length or, without one, as soon as the bytes read exceed it.
+A plain ASGI middleware sees every request, routed or not, before FastAPI reads a body; an oversized body is refused
+from its Content-Length or, without one, as soon as the bytes read exceed it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The OpenAPI document (`/openapi.json`, `/docs`) made to tell the truth about this server (not upstream).
 
-FastAPI documents a 422 that the server never sends (validation errors are OpenAI's 400) and one JSON body for every
-200. Here each operation lists the statuses it answers, with OpenAI's error body: its own (declared on the route
-with ``error_responses``) plus what the front door answers anywhere (400 for a bad Content-Length, 413 for a body
-over --max-request-bytes, 401 without the --api-key). Streamed answers are ``text/event-stream``; the bounds only the
-loaded model knows (max_tokens within the context, prompt token ids within the vocabulary) are filled in; and with an
-API key the Bearer scheme is declared. Schemathesis checks the document against the running server (the tests).
+FastAPI documents a 422 the server never sends and one JSON body for every 200. Here each operation lists the
+statuses it answers, with OpenAI's error body: its own (``error_responses`` on the route) and the front door's (400
+for a bad Content-Length, 413 over --max-request-bytes, 401 with --api-key); streamed answers are
+``text/event-stream``; the bounds only the loaded model knows are filled in; an API key declares the Bearer scheme.
+Schemathesis checks the document against the running server (the tests).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from .guard import OPEN_PATHS
-from .protocol import BOUND_KEY
+from .protocol.common import BOUND_KEY
 
 
 class ErrorBody(BaseModel):
@@ -64,7 +63,7 @@ def _operations(doc: Dict[str, Any]) -> Iterator[tuple[str, Dict[str, Any]]]:
 
 
 def _fill_bounds(node: Any, bounds: Dict[str, int]) -> None:
-    """Replace each `x-bound` marker (protocol.py) with the maximum it stands for, on the integer it qualifies."""
+    """Replace each `x-bound` marker (protocol/common.py) with the maximum it stands for on its integer."""
     if isinstance(node, list):
         for item in node:
             _fill_bounds(item, bounds)

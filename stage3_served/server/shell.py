@@ -24,7 +24,7 @@ HELP = "Ctrl-C stops an answer; /reset clears the conversation; /exit, or Ctrl-C
 
 
 def _shell_sampling_params(max_seq_len: int) -> SamplingParams:
-    return SamplingParams(  # upstream's MINISGL_SHELL_* variables; our defaults answer briefly (see env.py)
+    return SamplingParams(  # upstream's variables; our defaults answer briefly (env.py)
         temperature=ENV.SHELL_TEMPERATURE.value,
         top_k=ENV.SHELL_TOP_K.value,
         top_p=ENV.SHELL_TOP_P.value,
@@ -138,25 +138,32 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
                 print("(conversation cleared)", flush=True)
                 continue
             history.append({"role": "user", "content": line})
-            answer: List[str] = []
-            streaming.append(asyncio.ensure_future(_print_answer(frontend, list(history), params, answer)))
-            try:
-                with _keys_not_echoed():
-                    await streaming[0]
-            except asyncio.CancelledError:  # Ctrl-C while answering: the request was aborted on the way out
-                history.pop()  # the question goes with its cut answer
-                print("\n[stopped]", flush=True)
-                continue
-            except (RequestRejected, BackendUnavailable) as e:
-                history.pop()
-                print(f"\n[error] {e}", flush=True)
-                continue
-            finally:
-                streaming.clear()
-            print(flush=True)
-            history.append({"role": "assistant", "content": "".join(answer)})
+            await _turn(frontend, history, params, streaming)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         frontend.shutdown()
     print("bye", flush=True)
     return 1 if died else 0
+
+
+async def _turn(frontend: FrontendManager, history: List[Dict[str, str]], params: SamplingParams,
+                streaming: List[asyncio.Task]) -> None:
+    """Answer the question that ends ``history``, streamed to the terminal; the answer joins the history, or, when
+    stopped (Ctrl-C cancels ``streaming[0]``) or refused, the question leaves it."""
+    answer: List[str] = []
+    streaming.append(asyncio.ensure_future(_print_answer(frontend, list(history), params, answer)))
+    try:
+        with _keys_not_echoed():
+            await streaming[0]
+    except asyncio.CancelledError:  # Ctrl-C while answering: the request was aborted on the way out
+        history.pop()  # the question goes with its cut answer
+        print("\n[stopped]", flush=True)
+        return
+    except (RequestRejected, BackendUnavailable) as e:
+        history.pop()
+        print(f"\n[error] {e}", flush=True)
+        return
+    finally:
+        streaming.clear()
+    print(flush=True)
+    history.append({"role": "assistant", "content": "".join(answer)})

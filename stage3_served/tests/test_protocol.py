@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from stage3_served.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from stage3_served.server.protocol.chat import ChatCompletionRequest
+from stage3_served.server.protocol.completions import CompletionRequest, GenerateRequest
 
 MODELS = {ChatCompletionRequest: {"messages": [{"role": "user", "content": "x"}]},
           CompletionRequest: {"prompt": "x"}, GenerateRequest: {"prompt": "x", "max_tokens": 1}}

@@ -209,12 +209,12 @@ def test_shell_quits_on_ctrl_d_at_an_empty_prompt(shell):
 
 
 def test_shell_defaults_answer_briefly(monkeypatch):
-    """Greedy and 256 tokens unless MINISGL_SHELL_* say otherwise (upstream's 0.6 and 2048 made a small model
-    ramble for half a minute)."""
+    """Greedy and 256 tokens unless MINISGL_SHELL_MAX_TOKENS etc. say otherwise (upstream's 0.6 and 2048 made a small
+    model ramble for half a minute)."""
     from stage3_served.server.shell import _shell_sampling_params
 
-    for name in ("MAX_TOKENS", "TEMPERATURE", "TOP_K", "TOP_P"):
-        monkeypatch.delenv(f"MINISGL_SHELL_{name}", raising=False)
+    for name in ("MINISGL_SHELL_MAX_TOKENS", "MINISGL_SHELL_TEMPERATURE", "MINISGL_SHELL_TOP_K", "MINISGL_SHELL_TOP_P"):
+        monkeypatch.delenv(name, raising=False)
     params = _shell_sampling_params(max_seq_len=8192)
     assert (params.temperature, params.top_k, params.top_p, params.max_tokens) == (0.0, -1, 1.0, 256)
     monkeypatch.setenv("MINISGL_SHELL_MAX_TOKENS", "1000")

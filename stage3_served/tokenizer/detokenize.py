@@ -1,10 +1,9 @@
 """Token ids -> text, incrementally per request, never cutting a multi-byte character.
 
-Byte-level BPE splits an emoji or a CJK character across several tokens; decoding the tokens seen so far then ends
-in U+FFFD. We decode a small window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:
-read_offset]`` only when it does not end in U+FFFD; otherwise we wait for the next token. The window keeps a few
-tokens of left context so tokenizers that drop a leading space when decoding a lone token still decode right. On
-the last token whatever remains is flushed, so the concatenated stream equals decoding all ids at once.
+Byte-level BPE splits an emoji or a CJK character across several tokens, and decoding the tokens seen so far then
+ends in U+FFFD. We decode a window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:
+read_offset]`` only when it does not end in U+FFFD; the window's left context keeps tokenizers that drop a lone
+token's leading space right. The last token flushes the rest, so the stream equals decoding all ids at once.
 
 A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
 start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries

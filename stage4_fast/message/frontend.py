@@ -6,17 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from .logprobs import TextLogprobs
-from .utils import deserialize_type, serialize_type
+from .utils import Message, by_name
 
 
 @dataclass
-class BaseFrontendMsg:
-    def encoder(self) -> Dict[str, Any]:
-        return serialize_type(self)
-
-    @staticmethod
-    def decoder(data: Dict[str, Any]) -> BaseFrontendMsg:
-        return deserialize_type(_CLS_MAP, data)
+class BaseFrontendMsg(Message):
+    pass
 
 
 @dataclass
@@ -36,15 +31,13 @@ class UserReply(BaseFrontendMsg):
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None  # the request was rejected (tokenizer or scheduler); the API answers with a 4xx
-    # stage 4 (production API): the logprobs of the tokens behind this text; an echo request's first reply also
-    # carries its prompt, as text and as tokens
+    # the logprobs of this text's tokens (when asked); an echo request's first reply also has its prompt's
     logprobs: TextLogprobs | None = None
     prompt_logprobs: TextLogprobs | None = None
     prompt_text: str | None = None
 
     def followed_by(self, later: UserReply) -> UserReply:
-        """One reply standing for this one and the next of the same request (the API server merges what queued up
-        while it was busy, and writes it as one chunk)."""
+        """This reply and the next of the same request as one (replies that queued up leave as one chunk)."""
         return UserReply(
             uid=self.uid,
             incremental_output=self.incremental_output + later.incremental_output,
@@ -75,4 +68,4 @@ class StatsReply(BaseFrontendMsg):
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchFrontendMsg, UserReply, StatsReply, TextLogprobs)}
+BaseFrontendMsg.CLASSES = by_name(BatchFrontendMsg, UserReply, StatsReply, TextLogprobs)

@@ -8,17 +8,12 @@ from typing import Any, Dict, List
 
 from ..core import SamplingParams
 from .logprobs import TokenLogprobs
-from .utils import deserialize_type, serialize_type
+from .utils import Message, by_name
 
 
 @dataclass
-class BaseTokenizerMsg:
-    def encoder(self) -> Dict[str, Any]:
-        return serialize_type(self)
-
-    @staticmethod
-    def decoder(data: Dict[str, Any]) -> BaseTokenizerMsg:
-        return deserialize_type(_CLS_MAP, data)
+class BaseTokenizerMsg(Message):
+    pass
 
 
 @dataclass
@@ -41,19 +36,17 @@ class DetokenizeMsg(BaseTokenizerMsg):
     # the request's SamplingParams.skip_special_tokens, on every token's message (the detokenizer keeps no
     # per-request settings of its own; SGLang's scheduler sends it along every step too)
     skip_special_tokens: bool = True
-    # Stage 4 (production API): next_token's logprobs if the request asked; on the first token's message of an
-    # echo request, the prompt's ids (and their logprobs if asked)
+    # next_token's logprobs (when asked); an echo request's first message also has the prompt's ids (and logprobs)
     logprobs: TokenLogprobs | None = None
     prompt_logprobs: TokenLogprobs | None = None
 
 
 @dataclass
 class TokenColumnsMsg(BaseTokenizerMsg):
-    """Not upstream: one step's tokens of the running requests that have nothing else to report (not the first
-    token, not the last, no logprobs) as three columns; row i stands for ``DetokenizeMsg(uids[i], tokens[i], False,
-    skip_special_tokens=skip_special_tokens[i])``. At 256 running requests the scheduler appends to three lists
-    and msgpack packs them in C, where 256 messages cost it ~1 us each to build and serialize, about a sixth of its
-    time per streamed token (bench/results/cpu-scheduler-columns.md). Whoever reads the replies takes ``rows()``."""
+    """One step's tokens of the running requests that have nothing else to report (not the first token, not the
+    last, no logprobs) as three columns: row i stands for ``DetokenizeMsg(uids[i], tokens[i], False,
+    skip_special_tokens=skip_special_tokens[i])``. Three lists are what msgpack packs in C, where a message per
+    request costs the scheduler a Python object each step. Readers take ``rows()``."""
 
     uids: List[int]
     tokens: List[int]
@@ -81,12 +74,11 @@ def expand_columns(msgs: List[BaseTokenizerMsg]) -> List[BaseTokenizerMsg]:
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     uid: int
-    # raw prompt, chat messages ([{"role", "content"}, stage 4 also an assistant's "tool_calls" and a tool's
-    # "tool_call_id"], rendered with the model's chat template) or token ids
+    # raw prompt, chat messages ({"role", "content"}, an assistant's "tool_calls", a tool's "tool_call_id"; for
+    # the model's chat template) or token ids
     text: str | List[Dict[str, Any]] | List[int]
     sampling_params: SamplingParams
-    # stage 4: chat messages' options for the chat template (add_generation_prompt, continue_final_message and
-    # the client's template variables, e.g. Qwen3's enable_thinking); None: the defaults
+    # the chat template's options (add_generation_prompt, continue_final_message, the client's variables)
     chat_options: Dict[str, Any] | None = None
 
 
@@ -111,5 +103,5 @@ class StatsMsg(BaseTokenizerMsg):
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
-_CLS_MAP = {c.__name__: c for c in (BatchTokenizerMsg, DetokenizeMsg, TokenColumnsMsg, TokenizeMsg, AbortMsg,
-                                    StatsQueryMsg, StatsMsg, SamplingParams, TokenLogprobs)}
+BaseTokenizerMsg.CLASSES = by_name(BatchTokenizerMsg, DetokenizeMsg, TokenColumnsMsg, TokenizeMsg, AbortMsg,
+                                   StatsQueryMsg, StatsMsg, SamplingParams, TokenLogprobs)

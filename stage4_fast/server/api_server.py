@@ -9,12 +9,11 @@ for that reply before answering, so even a streamed request that the scheduler r
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Sequence, Tuple, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Sequence, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -30,25 +29,18 @@ from .guard import GuardMiddleware
 from .logprobs import CompletionLogprobs, chat_logprobs
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .openapi import error_responses, install_openapi
-from .protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    GenerateRequest,
-    NamedToolChoice,
-    SamplingFields,
-    TokenizeRequest,
-    unknown_field_message,
-    usage_dict,
-)
+from .protocol.chat import ChatCompletionRequest
+from .protocol.common import APIError, unknown_field_message, usage_dict
+from .protocol.completions import CompletionRequest, GenerateRequest
+from .protocol.sampling import SamplingFields
+from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from .reasoning import ReasoningStream, split_reasoning
 from .stream import Delta, DeltaStream
 from .tokenize_api import add_tokenize_routes
-from .tool_calls import ToolCallReader, forced_schema
+from .tool_calls import tool_call_reader
 
 T = TypeVar("T")
-# each endpoint's request model: the fields it implements (see protocol.py)
+# each endpoint's request model: the fields it implements (see protocol/)
 REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
                   "/generate": GenerateRequest, "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 
@@ -69,9 +61,8 @@ class ClientGone(Exception):
 
 def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, created: int | None = None,
                on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
-    """The app of API server process ``api_index`` of ``config.api_server_count``; ``created``: the model's
-    timestamp in /v1/models (the same in every process); ``on_ready`` is awaited once the app can take requests,
-    and the server answers nothing until it returns."""
+    """The app of API server process ``api_index``; ``created``: the model's /v1/models timestamp (the same in every
+    process); ``on_ready`` is awaited once the app can take requests (nothing is answered before it returns)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()  # the worker watchdog thread reaches the frontend through it
@@ -175,24 +166,14 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, 
     max_seq_len = app.state.backend.max_seq_len
     _within_context(app, "max_tokens", max_tokens)
     return SamplingParams(
-        temperature=req.temperature,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        ignore_eos=req.ignore_eos,
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, ignore_eos=req.ignore_eos,
         # none given: as many as fit (the scheduler clamps to the context left after the prompt)
         max_tokens=max_tokens if max_tokens is not None else max_seq_len,
-        seed=req.seed,
-        stop_token_ids=list(req.stop_token_ids or []),
-        skip_special_tokens=req.skip_special_tokens,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty,
-        min_p=req.min_p,
-        logit_bias=req.logit_bias_list(),
-        logprobs=logprobs,
-        echo=echo,
+        seed=req.seed, stop_token_ids=list(req.stop_token_ids or []), skip_special_tokens=req.skip_special_tokens,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty, min_p=req.min_p, logit_bias=req.logit_bias_list(),
+        logprobs=logprobs, echo=echo, min_tokens=req.min_tokens,
         **(req.grammar() if grammar is None else grammar),  # what xgrammar cannot compile: a 400 from the scheduler
-        min_tokens=req.min_tokens,
     )
 
 
@@ -205,9 +186,8 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (which aborts the request) and raise ClientGone.
-    Starlette cancels streaming responses on disconnect itself; this covers the time before the first reply and
-    non-streamed requests."""
+    """Await ``work``; if the client goes away first, cancel it (aborting the request) and raise ClientGone. (Starlette
+    cancels a streaming response itself: this covers the wait for the first reply and non-streamed requests.)"""
     work_task = asyncio.ensure_future(work)
     gone_task = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -260,9 +240,7 @@ async def _collect(request: Request, firsts: Sequence[Delta], streams: Sequence[
 
 
 def _sse(obj: Any) -> bytes:
-    # orjson: a streamed chunk is encoded per token per stream (json.dumps was ~7 % of the API server's time in a
-    # streaming burst, after the socket writes and the HTTP layer)
-    # (UTF-8 as json.dumps(ensure_ascii=False); a NaN or infinity, which JSON has no word for, becomes null)
+    # orjson, as a chunk is encoded per token per stream: UTF-8 as json.dumps(ensure_ascii=False), NaN becomes null
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -274,9 +252,8 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
                       make_chunk: Callable[[int, Delta], Dict[str, Any]],
                       usage_chunk: Callable[[List[Delta]], Dict[str, Any]] | None,
                       heads: Sequence[Dict[str, Any]] = ()) -> AsyncIterator[bytes]:
-    """``heads`` first, then a chunk for every delta that shows something, of every choice as it comes, and the
-    usage once every choice has finished; an error after the start ends the stream with an error event (the
-    status line is long gone)."""
+    """``heads``, a chunk per delta that shows something (every choice's, as they come), the usage once all have
+    finished; an error after the start ends the stream with an error event (the status line is long gone)."""
     finals: List[Delta | None] = [None] * len(streams)
     try:
         for head in heads:
@@ -303,8 +280,8 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
 
 def _with_usage_so_far(chunk: Callable[[int, Delta | None], Dict[str, Any]],
                        firsts: Sequence[Delta]) -> Callable[[int, Delta | None], Dict[str, Any]]:
-    """``chunk`` with its choice's usage so far added (vLLM's continuous_usage_stats); a chat's first chunk, which
-    names the role (``d`` is None), counts the prompt only."""
+    """``chunk`` with its choice's usage so far (vLLM's continuous_usage_stats); a chat's role chunk (``d`` None)
+    counts the prompt only."""
     def with_usage(index: int, d: Delta | None) -> Dict[str, Any]:
         first = firsts[index]
         usage = (usage_dict(first.prompt_tokens, 0, first.cached_tokens) if d is None
@@ -322,28 +299,45 @@ def _stream_response(body: AsyncIterator[bytes]) -> StreamingResponse:
 
 
 def _add_routes(app: FastAPI) -> None:
-    def frontend() -> FrontendManager:
-        fm: FrontendManager = app.state.frontend
-        if fm.dead_reason is not None:
-            raise _unavailable(fm.dead_reason)
-        return fm
+    """One function per endpoint family; /tokenize and /detokenize are in tokenize_api.py."""
+    _add_status_routes(app)
+    _add_completion_routes(app)
+    _add_chat_routes(app)
 
-    def submit_choices(prompts: Sequence[object], params: SamplingParams, n: int, stops: List[str],
-                       chat_options: Dict[str, Any] | None = None, keep_stop: bool = False,
-                       user: str | None = None) -> List[DeltaStream]:
-        """Every choice submitted now (``open_choices``); a refusal becomes the client's 4xx / 503."""
-        fm = frontend()
-        if len(prompts) * n > fm.max_requests:  # could never be admitted at once: a 503 would ask for a vain retry
-            raise APIError(400, f"{len(prompts) * n} choices (n times the prompts) exceed the {fm.max_requests} "
-                           "requests this server admits at once", "invalid_value", param="n")
-        try:
-            return open_choices(fm, prompts, params, n, stops, chat_options, keep_stop, user)
-        except (RequestRejected, BackendUnavailable, QueueFull) as e:
-            raise _backend_error(e) from None
 
+def _frontend(app: FastAPI) -> FrontendManager:
+    fm: FrontendManager = app.state.frontend
+    if fm.dead_reason is not None:
+        raise _unavailable(fm.dead_reason)
+    return fm
+
+
+def _submit_choices(app: FastAPI, prompts: Sequence[object], params: SamplingParams, n: int, stops: List[str],
+                    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False,
+                    user: str | None = None) -> List[DeltaStream]:
+    """Every choice submitted now (``open_choices``); a refusal becomes the client's 4xx / 503."""
+    fm = _frontend(app)
+    if len(prompts) * n > fm.max_requests:  # could never be admitted at once: a 503 would ask for a vain retry
+        raise APIError(400, f"{len(prompts) * n} choices (n times the prompts) exceed the {fm.max_requests} "
+                       "requests this server admits at once", "invalid_value", param="n")
+    try:
+        return open_choices(fm, prompts, params, n, stops, chat_options, keep_stop, user)
+    except (RequestRejected, BackendUnavailable, QueueFull) as e:
+        raise _backend_error(e) from None
+
+
+async def _scheduler_stats(fm: FrontendManager) -> Dict[str, Any]:
+    try:
+        return await fm.query_stats()
+    except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
+        raise _unavailable(f"no stats from the scheduler: {e!r}") from None
+
+
+def _add_status_routes(app: FastAPI) -> None:
+    """Health, the model list, the scheduler's figures (JSON and Prometheus)."""
     @app.get("/health", responses=error_responses(503))
     async def health() -> Dict[str, str]:
-        frontend()
+        _frontend(app)
         return {"status": "ok"}
 
     # a probe some clients send; out of the schema (one operation id cannot name several methods)
@@ -360,13 +354,10 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.get("/v1/stats", responses=error_responses(503))
     async def stats() -> Dict[str, Any]:
-        """KV pool / prefix cache / queue figures straight from the scheduler (asked through the same pipes the
-        requests take), plus the API server's count of requests in flight."""
-        fm = frontend()
-        try:
-            scheduler = await fm.query_stats()
-        except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
-            raise _unavailable(f"no stats from the scheduler: {e!r}") from None
+        """The scheduler's KV pool / prefix cache / queue figures (asked through the requests' pipes) and the
+        requests in flight here."""
+        fm = _frontend(app)
+        scheduler = await _scheduler_stats(fm)
         # with several API server processes, the frontend figures are those of the one that answered
         return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight,
                                                      "api_server": fm.api_index, "api_servers": fm.api_count}}
@@ -374,20 +365,20 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(503))
     async def metrics() -> Response:
         """Prometheus text format; the gauges are the scheduler's stats at this moment."""
-        fm = frontend()
-        try:
-            scheduler = await fm.query_stats()
-        except (TimeoutError, asyncio.TimeoutError, BackendUnavailable) as e:
-            raise _unavailable(f"no stats from the scheduler: {e!r}") from None
+        fm = _frontend(app)
+        scheduler = await _scheduler_stats(fm)
         return Response(app.state.metrics.render(scheduler), media_type=CONTENT_TYPE_LATEST)
 
+
+def _add_completion_routes(app: FastAPI) -> None:
+    """/v1/completions and upstream's /generate."""
     @app.post("/v1/completions", responses=error_responses(404, 503, streams=True))
     async def completions(req: CompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
         params = _sampling_params(app, req, req.max_tokens, logprobs=req.logprobs, echo=req.echo)
         prompts = req.prompts()
-        streams = submit_choices(prompts, params, req.n, req.stop_list(), keep_stop=req.include_stop_str_in_output,
-                                 user=req.user)
+        streams = _submit_choices(app, prompts, params, req.n, req.stop_list(),
+                                  keep_stop=req.include_stop_str_in_output, user=req.user)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         logprob_builders = [CompletionLogprobs() for _ in streams]
 
@@ -409,22 +400,36 @@ def _add_routes(app: FastAPI) -> None:
 
         return await _respond(request, req, streams, choice, chunk, rid, created, model, chat=False)
 
+    @app.post("/generate", responses=error_responses(503, streams=True))
+    async def generate(req: GenerateRequest, request: Request) -> Response:
+        """Upstream's greedy endpoint; a streamed event carries ``{"text": ...}`` (raw text broke on newlines)."""
+        params = _sampling_params(app, SamplingFields(temperature=0.0, ignore_eos=req.ignore_eos), req.max_tokens)
+        streams = _submit_choices(app, [req.prompt], params, 1, [])
+        firsts = await _start(request, streams)
+        if not req.stream:
+            d = (await _collect(request, firsts, streams))[0]
+            return JSONResponse({"text": d.text, "finish_reason": d.finish_reason,
+                                 "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)})
+        return _stream_response(_sse_stream(firsts, streams, lambda i, d: {"text": d.text}, None))
+
+
+def _add_chat_routes(app: FastAPI) -> None:
+    """/v1/chat/completions: the thinking block read out first (--reasoning-parser; SGLang's separate_reasoning
+    false keeps it in the content), then tool calls in what follows it."""
     @app.post("/v1/chat/completions", responses=error_responses(404, 503, streams=True))
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
         for name in ("max_completion_tokens", "max_tokens"):  # either may be sent; both must fit
             _within_context(app, name, getattr(req, name))
-        reader, grammar = _tool_calls(req)
+        reader, grammar = tool_call_reader(req, app.state.config.tool_call_parser)
         params = _sampling_params(app, req, req.max_completion_tokens or req.max_tokens,
                                   logprobs=req.num_logprobs(), grammar=grammar)
         if reader is not None and reader.mode == "auto":
             params = replace(params, skip_special_tokens=False)  # a model's <tool_call> may be a special token
         messages = [m.for_template() for m in req.messages]
-        streams = submit_choices([messages], params, req.n, req.stop_list(), req.chat_options(),
-                                 req.include_stop_str_in_output, req.user)
+        streams = _submit_choices(app, [messages], params, req.n, req.stop_list(), req.chat_options(),
+                                  req.include_stop_str_in_output, req.user)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        # the thinking block first (--reasoning-parser; SGLang's separate_reasoning false keeps it in the content),
-        # then tool calls in what follows it
         thinking = app.state.config.reasoning_parser if req.separate_reasoning else None
         thoughts: Dict[int, ReasoningStream] = {}
 
@@ -465,53 +470,25 @@ def _add_routes(app: FastAPI) -> None:
 
         return await _respond(request, req, streams, choice, chunk, rid, created, model, chat=True)
 
-    def _tool_calls(req: ChatCompletionRequest) -> Tuple[ToolCallReader | None, Dict[str, str] | None]:
-        """How the request's choices are read for tool calls (None: not at all), and the grammar a forced call
-        needs (None: the request's own structured output)."""
-        mode = req.effective_tool_choice()
-        if mode == "none":
-            return None, None
-        if mode == "auto":
-            if app.state.config.tool_call_parser is None:
-                raise APIError(400, "tool_choice auto (the default with tools) needs a server started with "
-                               "--tool-call-parser; send tool_choice none, required or a named tool",
-                               "invalid_value", param="tool_choice")
-            return ToolCallReader("auto", parallel=req.parallel_tool_calls), None
-        name = mode.function.name if isinstance(mode, NamedToolChoice) else None
-        return (ToolCallReader("forced", name),
-                {"json_schema": json.dumps(forced_schema(req.tool_dicts(), name, req.parallel_tool_calls))})
 
-    async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIterator[Delta]], choice, chunk,
-                       rid: str, created: int, model: str, chat: bool) -> Response:
-        firsts = await _start(request, streams)
-        obj = "chat.completion" if chat else "text_completion"
-        if req.stream:
-            def usage_chunk(finals: List[Delta]) -> Dict[str, Any]:
-                return {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created, "model": model,
-                        "choices": [], "usage": usage_dict(*totals(finals, req.n))}
+async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIterator[Delta]], choice, chunk,
+                   rid: str, created: int, model: str, chat: bool) -> Response:
+    firsts = await _start(request, streams)
+    obj = "chat.completion" if chat else "text_completion"
+    if req.stream:
+        def usage_chunk(finals: List[Delta]) -> Dict[str, Any]:
+            return {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created, "model": model,
+                    "choices": [], "usage": usage_dict(*totals(finals, req.n))}
 
-            options = req.stream_options
-            with_usage = options is not None and options.include_usage
-            if options is not None and options.continuous_usage_stats:
-                chunk = _with_usage_so_far(chunk, firsts)
-            heads = [chunk(i, None) for i in range(len(streams))] if chat else []
-            return _stream_response(_sse_stream(firsts, streams, chunk, usage_chunk if with_usage else None, heads))
-        finals = await _collect(request, firsts, streams)
-        return JSONResponse({
-            "id": rid, "object": obj, "created": created, "model": model,
-            "choices": [choice(i, d) for i, d in enumerate(finals)],
-            "usage": usage_dict(*totals(finals, req.n)),
-        })
-
-    @app.post("/generate", responses=error_responses(503, streams=True))
-    async def generate(req: GenerateRequest, request: Request) -> Response:
-        """Upstream's endpoint: greedy. Streamed events carry ``{"text": ...}`` (upstream wrote the raw text after
-        ``data:``, which breaks on newlines)."""
-        params = _sampling_params(app, SamplingFields(temperature=0.0, ignore_eos=req.ignore_eos), req.max_tokens)
-        streams = submit_choices([req.prompt], params, 1, [])
-        firsts = await _start(request, streams)
-        if not req.stream:
-            d = (await _collect(request, firsts, streams))[0]
-            return JSONResponse({"text": d.text, "finish_reason": d.finish_reason,
-                                 "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)})
-        return _stream_response(_sse_stream(firsts, streams, lambda i, d: {"text": d.text}, None))
+        options = req.stream_options
+        with_usage = options is not None and options.include_usage
+        if options is not None and options.continuous_usage_stats:
+            chunk = _with_usage_so_far(chunk, firsts)
+        heads = [chunk(i, None) for i in range(len(streams))] if chat else []
+        return _stream_response(_sse_stream(firsts, streams, chunk, usage_chunk if with_usage else None, heads))
+    finals = await _collect(request, firsts, streams)
+    return JSONResponse({
+        "id": rid, "object": obj, "created": created, "model": model,
+        "choices": [choice(i, d) for i, d in enumerate(finals)],
+        "usage": usage_dict(*totals(finals, req.n)),
+    })

@@ -1,10 +1,8 @@
-"""One API request, several choices: ``n`` samples of each prompt (and /v1/completions' list of prompts). Each
-choice is an engine request of its own, all submitted at once: the first to be admitted prefills the prompt and
-the others wait for it and take it from the radix cache (the prefill manager's wait for a shared prefix), so
-``n`` samples cost one prefill of the prompt plus a token each.
+"""One API request, several choices: ``n`` samples of each prompt (of /v1/completions' list of prompts). Each
+choice is an engine request, all submitted at once; the first admitted prefills the prompt, the others take it from
+the radix cache, so ``n`` samples cost one prefill.
 
-Choice ``i * n + j`` is sample j of prompt i. With a seed, sample j is drawn with ``seed + j`` (as vLLM): the n
-samples differ from each other, and the same request gives the same n samples again.
+Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn with ``seed + j`` (as vLLM).
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
 def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: SamplingParams, n: int,
                  stops: List[str], chat_options: Dict[str, Any] | None = None,
                  keep_stop: bool = False, user: str | None = None) -> List[DeltaStream]:
-    """Submit every choice now and return their delta streams, in choice order. If one cannot be submitted (a full
-    queue, a dead backend), those before it are aborted and its error is raised."""
+    """Every choice submitted now, its delta stream in choice order; if one cannot be (a full queue, a dead
+    backend), those before it are aborted and its error raised."""
     streams: List[DeltaStream] = []
     try:
         for prompt in prompts:
@@ -50,8 +48,7 @@ async def close_all(streams: Sequence[AsyncIterator[Delta]]) -> None:
 
 
 async def first_deltas(streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
-    """Wait for every choice's first delta; if any is refused, close them all and raise the first refusal (the
-    client gets its 4xx)."""
+    """Every choice's first delta; if any is refused, all are closed and the first refusal raised (a 4xx)."""
     results = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
@@ -88,8 +85,8 @@ async def collect_choice(first: Delta, stream: AsyncIterator[Delta]) -> Delta:
 
 async def merged_deltas(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]]
                         ) -> AsyncIterator[Tuple[int, Delta | Exception]]:
-    """(choice index, delta) of every choice as they come, each choice's in order, up to every choice's final
-    delta; a failed choice yields its exception and ends the merge. Closing the merge closes every stream."""
+    """(choice index, delta) of every choice as they come, up to each one's final delta; a failed choice yields
+    its exception and ends the merge. Closing the merge closes every stream."""
     queue: asyncio.Queue[Tuple[int, Delta | Exception]] = asyncio.Queue()
 
     async def pump(index: int, first: Delta, stream: AsyncIterator[Delta]) -> None:
@@ -134,8 +131,7 @@ async def merged_deltas(firsts: Sequence[Delta], streams: Sequence[AsyncIterator
 
 
 def totals(finals: Sequence[Delta], n: int) -> Tuple[int, int, int]:
-    """(prompt, completion, cached) tokens of a request: each prompt counts once (its first choice's figures),
-    every choice's output counts."""
+    """(prompt, completion, cached) tokens: each prompt once (its first choice's), every choice's output."""
     prompts = finals[::n]
     return (sum(d.prompt_tokens for d in prompts), sum(d.completion_tokens for d in finals),
             sum(d.cached_tokens for d in prompts))

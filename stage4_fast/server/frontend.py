@@ -40,10 +40,8 @@ class QueueFull(Exception):
 
 
 class FrontendManager:
-    """Must be created inside the event loop that uses it (zmq.asyncio sockets belong to a loop).
-
-    With ``--api-server-count N`` the API server process ``api_index`` hands out the uids ``api_index + k * N``: a
-    worker routes each reply by ``uid % N`` to the process that waits for it, and no two processes share a uid."""
+    """Made inside the event loop that uses it (zmq.asyncio sockets belong to a loop). API server process
+    ``api_index`` of N hands out the uids ``api_index + k * N``: the workers route a reply by ``uid % N``."""
 
     def __init__(self, config: ServerArgs, metrics: ServerMetrics | None = None, api_index: int = 0) -> None:
         self.config = config
@@ -167,8 +165,8 @@ class FrontendManager:
                 self.request_log.ended(uid, final, finished, backend_gone, time.perf_counter() - started)
 
     def abandon(self, uid: int) -> None:
-        """A submitted request whose replies were never read (its handler failed, or its client left, before the
-        first await): removed and aborted, as ``replies`` does when its reader stops."""
+        """A submitted request whose replies were never read (its handler failed, or its client left, first):
+        removed and aborted, as ``replies`` does when its reader stops."""
         started = self.submit_time.get(uid)
         if uid not in self.ack_map:
             return

@@ -16,8 +16,8 @@ def _top_dict(tokens: List[str], values: List[float]) -> Dict[str, float]:
 
 
 class CompletionLogprobs:
-    """The legacy shape, built one run of tokens at a time (a streamed choice sends one piece per chunk);
-    ``text_offset`` counts characters from the start of the choice's text, echoed prompt included."""
+    """The legacy shape, one run of tokens at a time; ``text_offset`` counts characters from the start of the
+    choice's text, echoed prompt included."""
 
     def __init__(self) -> None:
         self.offset = 0

@@ -1,9 +1,8 @@
-"""Start-up checks (not upstream): everything that can be known before the model loads is checked first, so a
-mistake costs seconds and one line, not a model load and a traceback (or, for a busy port, a server that logs
-"serving on ..." and then dies).
+"""Start-up checks (not upstream): what can be known before the model loads is checked first, so a mistake costs
+seconds and one line, not a model load and a traceback.
 
 The HTTP port is bound here and the socket handed to uvicorn once the workers are ready: nothing can take the port
-in between, and until then connections are refused as before.
+in between, and until then connections are refused.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""Reasoning: a thinking model's ``<think>...</think>`` block read out of the output into ``reasoning_content``
-(``--reasoning-parser``, vLLM's and SGLang's flag; the field name both use).
+"""A thinking model's ``<think>...</think>`` block read out of the output into ``reasoning_content``
+(``--reasoning-parser``, vLLM's and SGLang's flag and field).
 
-- ``qwen3``: Qwen3 writes the block itself when it thinks; an output that does not start with ``<think>`` (thinking
-  off, e.g. ``chat_template_kwargs: {"enable_thinking": false}``) is all content.
-- ``deepseek-r1`` (vLLM spells it ``deepseek_r1``): the chat template opens the block in the prompt, so the output
-  starts inside it (a ``<think>`` the model writes anyway is dropped).
+- ``qwen3``: the model writes the block when it thinks; an output that does not start with ``<think>`` (e.g.
+  ``chat_template_kwargs: {"enable_thinking": false}``) is all content.
+- ``deepseek-r1`` (vLLM: ``deepseek_r1``): the template opens the block in the prompt, so the output starts inside
+  it (a ``<think>`` the model writes anyway is dropped).
 
-The block runs to ``</think>``, or to the end of an output cut short (then it is all reasoning, streamed or not: a
-stream cannot take back reasoning it already sent). What follows ``</think>`` is the content, where tool calls are
-read too.
+The block runs to ``</think>`` or to the end of an output cut short (all reasoning then: a stream cannot take back
+what it sent); what follows is the content, where tool calls are read.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ START, END = "<think>", "</think>"
 
 @dataclass
 class ReasoningStream:
-    """One choice's text, piece by piece: (reasoning, content) to show now. ``stream_reasoning`` false (SGLang's
-    field) holds the reasoning back and sends it whole when the block ends."""
+    """One choice's text, piece by piece: (reasoning, content) to show now; ``stream_reasoning`` false (SGLang's)
+    sends the reasoning whole when the block ends."""
 
     parser: str
     stream_reasoning: bool = True

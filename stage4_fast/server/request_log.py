@@ -1,7 +1,6 @@
-"""``--enable-log-requests`` (vLLM's flag; SGLang's ``--log-requests``): one log line when a request is submitted
-(its prompt, cut to ``--max-log-len``, and the sampling parameters it changed) and one when it ends (how, its
-tokens, its time). Off by default, as in both: a line per request is what an operator reads while debugging, not
-what a busy server should write."""
+"""``--enable-log-requests`` (vLLM's flag; SGLang's ``--log-requests``): a log line when a request is submitted
+(its prompt cut to ``--max-log-len``, the sampling parameters it changed) and one when it ends (how, its tokens, its
+time). Off by default, as in both: it is for debugging, not for a busy server."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class RequestLog:
         return head + (f" (+{len(text) - len(head)} more characters)" if len(head) < len(text) else "")
 
     def received(self, uid: int, prompt: Any, sampling_params: Any, user: str | None = None) -> None:
-        """``user``: OpenAI's end-user id, when the client sent one (what the field is for: telling who sent what),
-        cut as a prompt is."""
+        """``user``: OpenAI's end-user id when the client sent one, cut as a prompt is."""
         logger.info("request %d received%s: prompt %s, params %s", uid,
                     f" from user {self.shown_prompt(user)}" if user else "",
                     self.shown_prompt(prompt), changed_fields(sampling_params))

@@ -10,12 +10,9 @@ from .frontend import FrontendManager, RequestRejected
 
 
 class StopStringMatcher:
-    """Cuts a text stream before the first occurrence of any stop string, wherever the chunks split.
-
-    A chunk's tail that could be the start of a stop string is held back until the next chunk decides; so the
-    output never depends on where the chunks split: the text before the stop string that completes first (and
-    that stop string too with ``keep_stop``: vLLM's include_stop_str_in_output).
-    """
+    """Cuts a text stream before the first occurrence of any stop string, wherever the chunks split: a chunk's
+    tail that could start a stop string is held back until the next chunk decides. ``keep_stop`` keeps the stop
+    string (vLLM's include_stop_str_in_output)."""
 
     def __init__(self, stops: List[str], keep_stop: bool = False) -> None:
         self.stops = [s for s in stops if s]
@@ -63,19 +60,17 @@ class Delta:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    # stage 4: the logprobs of the tokens behind this delta (when asked); on an echo request's first delta, the
-    # prompt as text and as tokens with their logprobs
+    # the logprobs of the delta's tokens (when asked); an echo request's first delta also has the prompt's
     logprobs: TextLogprobs | None = None
     prompt_text: str | None = None
     prompt_logprobs: TextLogprobs | None = None
 
 
 class DeltaStream:
-    """One request's deltas, an async iterator. The request is submitted when the stream is made, in the caller's
-    own step: a handler that awaited it later through a task (the wait for the client's disconnect, the gather of
-    several choices) put every turn of a busy event loop between the request and the scheduler, so a burst's
-    requests reached it only after the API server had taken in the rest (on a 2-core machine the first one ~110 ms
-    after its handler ran). Closing a stream aborts its request if it has not finished, read or not."""
+    """One request's deltas, an async iterator. The request is submitted when the stream is made, in the handler's
+    own step: submitted later from a task, it would wait behind every turn of a busy event loop, and a burst's
+    requests would reach the scheduler only after the API server had taken in all the others. Closing a stream
+    aborts its request if it has not finished, read or not."""
 
     def __init__(self, frontend: FrontendManager, uid: int, deltas: AsyncGenerator[Delta, None]) -> None:
         self.frontend, self.uid, self._deltas = frontend, uid, deltas
@@ -100,12 +95,10 @@ def generate_deltas(
     chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
     user: str | None = None,
 ) -> DeltaStream:
-    """Submit the request now; its stream gives one Delta per reply (text may be empty), the last one with its
-    finish reason. Stopping early (stop string, client gone, stream closed) aborts the request in the backend
-    (``FrontendManager.replies``). ``chat_options``: for chat messages, the chat template's options
-    (``TokenizeMsg.chat_options``); ``keep_stop``: the text ends with the stop string that ended it;
-    ``min_tokens``: no stop string ends in the text of the first min_tokens tokens (the replies of those tokens
-    are not merged with later ones for it); ``user``: the client's end-user id, for the request log."""
+    """Submit the request now; its stream gives a Delta per reply (text may be empty), the last with its finish
+    reason; stopping early aborts the request (``FrontendManager.replies``). ``chat_options``: the chat template's
+    (``TokenizeMsg``); ``keep_stop``: the text ends with the stop string that ended it; ``min_tokens``: no stop
+    string ends in the first min_tokens tokens' text; ``user``: the end-user id, for the request log."""
     uid = frontend.submit(prompt, sampling_params, chat_options, user)
     return DeltaStream(frontend, uid, _deltas(frontend, uid, StopStringMatcher(stops, keep_stop), min_tokens))
 

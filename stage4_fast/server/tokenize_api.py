@@ -1,9 +1,7 @@
-"""vLLM's ``/tokenize`` and ``/detokenize``: the model's tokenizer without the engine (clients count a prompt's
-tokens before they send it, or read ids back).
+"""vLLM's ``/tokenize`` and ``/detokenize``: the model's tokenizer without the engine.
 
-The API server process runs no tokenizer for generation (the tokenizer worker does), so the first call here loads
-one, off the event loop; a chat prompt is rendered by the tokenizer worker's own code (``TokenizeManager``), so the
-count is the one ``/v1/chat/completions`` would run.
+The API server process loads a tokenizer of its own at the first call (off the event loop) and renders chat
+messages with the worker's ``TokenizeManager``, so the count is the one ``/v1/chat/completions`` would run.
 """
 
 from __future__ import annotations
@@ -15,7 +13,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from .openapi import error_responses
-from .protocol import APIError, DetokenizeRequest, TokenizeRequest
+from .protocol.common import APIError
+from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 
 async def _manager(app: FastAPI) -> Any:

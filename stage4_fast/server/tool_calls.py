@@ -1,17 +1,12 @@
 """Tool calls: the model's output read back as OpenAI ``tool_calls``.
 
-``tool_choice: "auto"`` leaves the model free and a parser (``--tool-call-parser``) finds the calls in its text.
-The one format here is Hermes' (also Qwen2.5's and Qwen3's): ``<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`` blocks, one per call; the text outside them is the message's content. vLLM calls this parser
-``hermes``, SGLang ``qwen25``.
+- ``tool_choice: "auto"``: the model is free; ``--tool-call-parser`` finds Hermes' (Qwen2.5's, Qwen3's)
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in its text; the rest is the content.
+- ``"required"`` or a named tool: the output is held to JSON by a schema (vLLM's way): a list of
+  ``{"name", "arguments"}`` objects, or the named tool's arguments.
 
-``"required"`` and a named tool need no parser: the output is constrained to JSON (a schema through the
-structured-output path), as vLLM does it — a list of ``{"name", "arguments"}`` objects, or the named tool's
-arguments.
-
-A stream shows content as it comes and each call once its block is complete, with its whole arguments in one
-delta (vLLM streams the arguments in pieces; a client that joins the pieces reads the same); a named tool's
-arguments, which are the output itself, stream in pieces as they come (the first delta names the call).
+A stream sends each parsed call once its block is complete, whole; a named tool's arguments, which are the output
+itself, stream as they come (the first delta names the call).
 """
 
 from __future__ import annotations
@@ -21,6 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from .protocol.chat import ChatCompletionRequest
+from .protocol.common import APIError
+from .protocol.tools import NamedToolChoice
 from .tags import tag_start_len
 
 # --tool-call-parser: vLLM's and SGLang's names of the one format parsed here
@@ -87,8 +85,8 @@ def parse_hermes(text: str) -> Tuple[str, List[Dict[str, Any]]]:
 
 
 def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool = True) -> Dict[str, Any]:
-    """The JSON the output is held to: a named tool's arguments, or (``"required"``) a non-empty list of calls to
-    any of ``tools`` (OpenAI tool dicts), of one call unless ``parallel``."""
+    """The JSON the output is held to: a named tool's arguments, or (required) a non-empty list of calls to
+    ``tools``, of one call unless ``parallel``."""
     params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
     if name is not None:
         return params[name]
@@ -98,9 +96,8 @@ def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool 
 
 
 def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
-    """The calls of an output held to ``forced_schema``. A named tool's call is the output whatever it holds (cut
-    short by max_tokens, its arguments are too, as a stream has sent them: finish_reason says length); a list cut
-    short does not parse and gives none."""
+    """The calls of an output held to ``forced_schema``: a named tool's, whatever the output holds (finish_reason
+    says length when it was cut short); a list cut short does not parse and gives none."""
     if name is not None:
         return [new_call(name, text)]
     try:
@@ -114,10 +111,9 @@ def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
 
 
 class ToolCallReader:
-    """A chat request's choices read for tool calls: ``"auto"`` through the Hermes parser, ``forced`` (required or
-    a named tool: ``name``) as the JSON the output was held to. Streamed choices keep their state here. Without
-    ``parallel`` (``parallel_tool_calls: false``) a choice's first call is its only one: the parser's later calls
-    are dropped, as vLLM drops them (a forced list is held to one call by its schema)."""
+    """A chat request's choices read for tool calls, ``"auto"`` (Hermes) or ``"forced"`` (required, or the named
+    tool ``name``); streamed choices keep their state here. Without ``parallel`` a choice's first call is its only
+    one (vLLM drops the parser's later ones; a forced list's schema allows one)."""
 
     def __init__(self, mode: str, name: str | None = None, parallel: bool = True) -> None:
         self.mode, self.name, self.parallel = mode, name, parallel
@@ -158,3 +154,21 @@ class ToolCallReader:
         if finish == "stop" and self.emitted[index]:
             finish = "tool_calls"
         return content, [{"index": first + k, **call} for k, call in enumerate(calls)], finish
+
+
+def tool_call_reader(req: ChatCompletionRequest, parser: str | None
+                     ) -> Tuple[ToolCallReader | None, Dict[str, str] | None]:
+    """How a chat request's choices are read for tool calls (None: not at all) and the grammar a forced call needs
+    (None: the request's own structured output); ``parser``: --tool-call-parser."""
+    mode = req.effective_tool_choice()
+    if mode == "none":
+        return None, None
+    if mode == "auto":
+        if parser is None:
+            raise APIError(400, "tool_choice auto (the default with tools) needs a server started with "
+                           "--tool-call-parser; send tool_choice none, required or a named tool",
+                           "invalid_value", param="tool_choice")
+        return ToolCallReader("auto", parallel=req.parallel_tool_calls), None
+    name = mode.function.name if isinstance(mode, NamedToolChoice) else None
+    return (ToolCallReader("forced", name),
+            {"json_schema": json.dumps(forced_schema(req.tool_dicts(), name, req.parallel_tool_calls))})

@@ -9,7 +9,7 @@ at most MAX_CHOICES, a rule across two fields that the schema states in words: a
 it.
 
 A body that asks for structured output in more than one way keeps only the first: the server refuses the rest
-(400), and the schema states that rule in words only (``protocol._sampling_request_rules`` says why). A regular
+(400), and the schema states that rule in words only (``protocol.sampling.sampling_request_rules`` says why). A regular
 expression, grammar or schema given as text is a string to the schema, and compiles or is a 400 at run time (as a
 context length is a bound known at run time); a string there becomes one that compiles, and so does a structural
 tag response format (each structure's begin must start with a trigger, which the schema says in words). The tiny
@@ -24,7 +24,8 @@ import os
 
 import schemathesis
 
-from stage4_fast.server.protocol import MAX_CHOICES, STRUCTURED_OUTPUT_FIELDS
+from stage4_fast.server.protocol.common import MAX_CHOICES
+from stage4_fast.server.protocol.structured import STRUCTURED_OUTPUT_FIELDS
 
 MAX_TOKENS = 1
 CONTEXT = int(os.environ.get("MINISGL_TEST_CONTEXT_LENGTH", "0"))

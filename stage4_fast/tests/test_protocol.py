@@ -5,12 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from stage4_fast.server.protocol import (
-    STRUCTURED_OUTPUT_FIELDS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-)
+from stage4_fast.server.protocol.chat import ChatCompletionRequest
+from stage4_fast.server.protocol.completions import CompletionRequest, GenerateRequest
+from stage4_fast.server.protocol.structured import STRUCTURED_OUTPUT_FIELDS
 
 MODELS = {ChatCompletionRequest: {"messages": [{"role": "user", "content": "x"}]},
           CompletionRequest: {"prompt": "x"}, GenerateRequest: {"prompt": "x", "max_tokens": 1}}
@@ -79,7 +76,7 @@ def test_the_reserved_template_names_cover_the_template_calls_parameters():
 
     from transformers import PreTrainedTokenizerBase
 
-    from stage4_fast.server.protocol import CHAT_TEMPLATE_RESERVED
+    from stage4_fast.server.protocol.chat import CHAT_TEMPLATE_RESERVED
 
     params = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
     named = {n for n, p in params.items() if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}

@@ -67,7 +67,7 @@ def test_add_special_tokens_reaches_the_tokenizer():
     """(The repository's tokenizers add no special token to a raw prompt, so the flag is checked on its way.)"""
     from types import SimpleNamespace
 
-    from stage4_fast.server.protocol import TokenizeRequest
+    from stage4_fast.server.protocol.tokenize import TokenizeRequest
     from stage4_fast.server.tokenize_api import _encode
 
     seen = []

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from stage4_fast.harness import ServerProcess
-from stage4_fast.server.protocol import ChatCompletionRequest
+from stage4_fast.server.protocol.chat import ChatCompletionRequest
 from stage4_fast.server.tool_calls import HermesStream, ToolCallReader, forced_calls, forced_schema, parse_hermes
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",

@@ -1,10 +1,9 @@
 """Token ids -> text, incrementally per request, never cutting a multi-byte character.
 
-Byte-level BPE splits an emoji or a CJK character across several tokens; decoding the tokens seen so far then ends
-in U+FFFD. We decode a small window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:
-read_offset]`` only when it does not end in U+FFFD; otherwise we wait for the next token. The window keeps a few
-tokens of left context so tokenizers that drop a leading space when decoding a lone token still decode right. On
-the last token whatever remains is flushed, so the concatenated stream equals decoding all ids at once.
+Byte-level BPE splits an emoji or a CJK character across several tokens, and decoding the tokens seen so far then
+ends in U+FFFD. We decode a window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:
+read_offset]`` only when it does not end in U+FFFD; the window's left context keeps tokenizers that drop a lone
+token's leading space right. The last token flushes the rest, so the stream equals decoding all ids at once.
 
 A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
 start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries
@@ -31,8 +30,8 @@ _UNFINISHED_TOKENS = 3
 @dataclass
 class DecodeStatus:
     decoded_ids: List[int] = field(default_factory=list)
-    # text committed and not sent yet. (Not the whole text so far: a str attribute grown by += is copied whole at
-    # every append, a cost that grows with the output, 17 % of this process in a burst of 1,024-token streams.)
+    # text committed and not sent yet (not the whole text so far: a str attribute grown by += is copied whole at
+    # every append, a cost that grows with the output)
     unsent: str = ""
     read_offset: int = 0  # ids before this are committed
     surr_offset: int = 0  # start of the left-context window
@@ -99,7 +98,7 @@ class DetokenizeManager:
                 completion_tokens=s.completion_tokens,
                 cached_tokens=s.cached_tokens,
                 error=msg.error,
-                # stage 4: logprobs of every generated token, the final EOS or stop token too (it is not in the
+                # logprobs of every generated token, the final EOS or stop token too (it is not in the
                 # text; vLLM reports it, and lm-eval counts on one logprob per token), and the echoed prompt
                 logprobs=self._as_text(msg.logprobs) if msg.logprobs is not None else None,
                 prompt_logprobs=self._as_text(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None,

@@ -20,7 +20,7 @@ class TokenizeManager:
     def tokenize_one(self, text: str | List[Dict[str, Any]] | List[int],
                      chat_options: Dict[str, Any] | None = None) -> torch.Tensor:
         """Host 1-D int32 ids. Raises ValueError for input that cannot become a prompt. ``chat_options``: chat
-        messages' keyword arguments for the chat template (stage 4: default, add_generation_prompt=True)."""
+        messages' keyword arguments for the chat template (default: add_generation_prompt=True)."""
         if isinstance(text, str):
             # a raw prompt is encoded as transformers does by default (the tokenizer's own special tokens)
             ids = self.tokenizer.encode(text)

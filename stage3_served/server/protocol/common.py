@@ -1,22 +1,12 @@
-"""OpenAI-compatible request models and errors.
-
-The models are strict (``"16"`` is not an int, ``1`` is not a bool) and their bounds are in the schema, so
-FastAPI's OpenAPI document says exactly what is accepted. Everything that fails validation becomes an OpenAI-style
-error body ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status (see ``api_server``).
-
-The models are the one declaration of what each endpoint implements: a field that is not one of a model's fields is
-refused with a 400 that names it, never ignored. OpenAI's fields (and the common vLLM/SGLang extras) that are known
-but not implemented are listed in ``NOT_IMPLEMENTED_*`` below with the values that ask for nothing (``"n": 1``,
-``"logprobs": false``), which are accepted. Implementing one = deleting its line there and adding a typed field to
-the model.
-"""
+"""What every request model shares: the error, the strict base that refuses unknown and unimplemented fields,
+the bounded integer types and the prompt / stop shapes."""
 
 from __future__ import annotations
 
 import difflib
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Dict, List, Literal, Mapping, Tuple
+from typing import Annotated, Any, ClassVar, Dict, List, Mapping, Tuple
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
@@ -42,14 +32,13 @@ CONTEXT_BOUND = {BOUND_KEY: "context_length"}
 VOCAB_BOUND = {BOUND_KEY: "vocab_size"}
 
 
-
 def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 # Integers cross process boundaries as msgpack int64 / torch int32: out-of-range ones must be refused here, not by
-# an encoder half-way through a request (found by the schema fuzzer). JSON Schema counts 16.0 as an integer, so the
-# strict models take it as 16 (but not 16.5, "16" or true); the bounds come first so that the schema states them.
+# an encoder half-way through a request. JSON Schema counts 16.0 as an integer, so the strict models take it as 16
+# (but not 16.5, "16" or true); the bounds come first so that the schema states them.
 MAX_INT32 = 2**31 - 1
 Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]
 # ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
@@ -123,57 +112,18 @@ def _same_json(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-_NI = NotImplementedField
-# what both completion endpoints know but do not implement
-NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
-    "n": _NI((1,), "several choices per request"),
-    "presence_penalty": _NI((0,), "presence penalty"),
-    "frequency_penalty": _NI((0,), "frequency penalty"),
-    "repetition_penalty": _NI((1,), "repetition penalty"),
-    "min_p": _NI((0,), "min-p sampling"),
-    "min_tokens": _NI((0,), "a minimum output length"),
-    "logit_bias": _NI(({},), "logit bias"),
-    "response_format": _NI(({"type": "text"},), "structured output"),
-    "user": _NI((), "per-user tracking"),
-    # vLLM / SGLang extras
-    "include_stop_str_in_output": _NI((False,), "keeping the stop string"),
-    "regex": _NI((), "constrained decoding"),
-    "json_schema": _NI((), "constrained decoding"),
-    "ebnf": _NI((), "constrained decoding"),
-}
-NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
-    **NOT_IMPLEMENTED_SAMPLING,
-    "logprobs": _NI((False,), "log probabilities"),
-    "top_logprobs": _NI((0,), "log probabilities"),
-    "tools": _NI(([],), "tool calls"),
-    "tool_choice": _NI(("none",), "tool calls"),
-    "parallel_tool_calls": _NI((), "tool calls"),
-    "functions": _NI(([],), "function calls"),
-    "function_call": _NI(("none",), "function calls"),
-    "modalities": _NI((["text"],), "output other than text"),
-    "audio": _NI((), "audio output"),
-    "prediction": _NI((), "predicted outputs"),
-    "reasoning_effort": _NI((), "reasoning effort"),
-    "web_search_options": _NI((), "web search"),
-}
-NOT_IMPLEMENTED_COMPLETION: Dict[str, NotImplementedField] = {
-    **NOT_IMPLEMENTED_SAMPLING,
-    "logprobs": _NI((0,), "log probabilities"),
-    "echo": _NI((False,), "echoing the prompt"),
-    "best_of": _NI((1,), "best-of sampling"),
-    "suffix": _NI((), "insertion"),
-}
+NI = NotImplementedField  # short, for the NOT_IMPLEMENTED_* tables
 
 
-def _add_not_implemented(schema: Dict[str, Any], cls: type) -> None:
+def add_not_implemented(schema: Dict[str, Any], cls: type) -> None:
     # the OpenAPI document lists them too, with the only values accepted, so it tells the truth about them
     for name, field in getattr(cls, "not_implemented", {}).items():
         schema.setdefault("properties", {})[name] = field.json_schema()
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     # strict types; any field that is not declared here or in `not_implemented` is refused by name
-    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_add_not_implemented)
+    model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=add_not_implemented)
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = {}
 
     @model_validator(mode="before")
@@ -200,72 +150,6 @@ def unknown_field_message(model: type[BaseModel] | None, name: str) -> str:
         if close:
             message += f" (did you mean {close[0]!r}?)"
     return message
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str | List[TextPart]
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-
-
-class SamplingFields(_Strict):
-    """What /v1/completions and /v1/chat/completions share."""
-
-    model: str | None = Field(None, description="must name the served model when given")
-    max_tokens: MaxTokens | None = Field(None, description="new tokens at most (default: the rest of the context)")
-    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: Int32 = Field(-1, description="< 1 disables top-k")
-    seed: SafeInt | None = Field(None, description="per-request sampling seed")
-    stop: Stop | None = Field(None, description="the text is cut before the first occurrence")
-    stop_token_ids: List[Int32] | None = Field(None, description="token ids that end the request like EOS")
-    ignore_eos: bool = False
-    skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-
-    def stop_list(self) -> List[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-
-class ChatCompletionRequest(SamplingFields):
-    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_CHAT
-    messages: List[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: MaxTokens | None = Field(None, description="newer name of max_tokens")
-
-
-class CompletionRequest(SamplingFields):
-    not_implemented: ClassVar[Mapping[str, NotImplementedField]] = NOT_IMPLEMENTED_COMPLETION
-    prompt: Prompt = Field(description="text or token ids; a list of one prompt is accepted (no batching)")
-    max_tokens: MaxTokens | None = 16
-
-    @model_validator(mode="after")
-    def _one_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list)):
-            self.prompt = self.prompt[0]  # the list of one prompt
-        return self
-
-
-class GenerateRequest(_Strict):
-    """Upstream's /generate: greedy, streamed."""
-
-    prompt: SinglePrompt
-    max_tokens: MaxTokens
-    ignore_eos: bool = False
-    stream: bool = True
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Dict[str, Any]:
