@@ -54,7 +54,7 @@ def make(name: str, model: str, out: Path, max_frames: int = 60, size: tuple = (
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name", choices=[*NAMES, "all"])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the GIFs (default bench/local/animations)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of the GIFs (bench/local/animations)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a model directory, or a name under models/")
     ap.add_argument("--max-frames", type=int, default=60, help="frames drawn at most, evenly spaced over the run")
     ap.add_argument("--fps", type=float, default=2.0)

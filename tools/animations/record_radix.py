@@ -67,9 +67,9 @@ def record_radix(model: str, num_pages: int = 40, max_tokens: int = 3) -> Record
     def split(original: Any) -> Any:
         def split_at(self: Any, pos: int) -> Any:
             new = original(self, pos)
-            splits.append(int(pos))  # logged by the match / insert that split it, with the tree after
-            if events is not None:
-                events.append({"event": "split", "at": int(pos), "node": int(new.uuid), "tree": None})
+            splits.append(int(pos))
+            # the tree is the one the match / insert that split it leaves behind (_fill_split_trees)
+            events.append({"event": "split", "at": int(pos), "node": int(new.uuid), "tree": None})
             return new
 
         return split_at
