@@ -83,7 +83,7 @@ def tp(rec: Recording) -> List[Frame]:
     by_key: Dict[tuple, Dict[int, Dict[str, Any]]] = {}
     for event in rec.events:
         by_key.setdefault((event["step"], event["index"]), {})[event["rank"]] = event
-    counts = {0: 0, 1: 0}
+    counts = {r: 0 for r in range(rec.facts.get("tp", 2))}
     frames = []
     for (step, index), ranks in sorted(by_key.items()):
         for rank in ranks:

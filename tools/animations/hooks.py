@@ -27,6 +27,7 @@ TARGETS: Dict[str, str] = {
     "expand_columns4": "stage4_fast.message:expand_columns",
     # stage 4, tensor parallelism: every collective of the layers goes through this front door
     "all_reduce4": "stage4_fast.distributed.impl:DistributedCommunicator.all_reduce",
+    "tp_split_problem4": "stage4_fast.utils.hf:tp_split_problem",  # why a model's heads do not split over N ranks
     # stage 4, the decode graphs (a CPU emulation of capture / replay)
     "graph_capture4": "stage4_fast.engine.graph:GraphRunner._capture_graphs",
     "graph_replay4": "stage4_fast.engine.graph:GraphRunner.replay",

@@ -1,7 +1,8 @@
-"""Stage 4's offline LLM with tp=2 on CPU (gloo): every all-reduce of each rank, with the layer that called it and
-the tensor's shape, and where each forward step began.
+"""Stage 4's offline LLM with tp=2 on CPU (gloo; tp=3 for a model whose heads do not split in two, as SmolLM2's
+9): every all-reduce of each rank, with the layer that called it and the tensor's shape, and where each forward step
+began.
 
-Rank 0 is this process; rank 1 is a spawned process. Both record through the same wrapper: here it is installed
+Rank 0 is this process; the others are spawned processes. Both record through the same wrapper: here it is installed
 directly, and a ``sitecustomize`` in a temporary directory on the spawned rank's PYTHONPATH installs it there as soon
 as the stage's module is imported (``install_on_import``). Each rank appends JSON lines to its own file.
 """
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .hooks import patch, split
+from .hooks import lookup, patch, split
 from .record_engine import PROMPTS, Recording, _params, make_llm
 
 LOG_DIR_ENV = "ANIMATE_TP_LOG_DIR"
@@ -102,7 +103,16 @@ def install_on_import() -> None:
         sys.meta_path.insert(0, _PatchOnImport())
 
 
-def record_tp(model: str, n_requests: int = 2, max_tokens: int = 3) -> Recording:
+def pick_tp(model: str) -> int:
+    """2, or the smallest rank count the model's attention heads split over."""
+    for tp in (2, 3, 4):
+        if lookup("tp_split_problem4")(model, tp) is None:
+            return tp
+    raise ValueError(f"{model}: its attention heads split over none of 2, 3, 4 ranks")
+
+
+def record_tp(model: str, n_requests: int = 2, max_tokens: int = 3, tp: int | None = None) -> Recording:
+    tp = tp or pick_tp(model)
     tools = str(Path(__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory() as tmp:
         hook_dir = Path(tmp) / "hook"
@@ -113,7 +123,7 @@ def record_tp(model: str, n_requests: int = 2, max_tokens: int = 3) -> Recording
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), saved["PYTHONPATH"]) if p)
         undo = [patch(name, WRAPPERS[name]) for name in TARGETS]
         try:
-            llm = make_llm(model, tp=2)
+            llm = make_llm(model, tp=tp)
             try:
                 llm.generate(PROMPTS[:n_requests], _params(max_tokens), use_tqdm=False)
             finally:
@@ -123,10 +133,11 @@ def record_tp(model: str, n_requests: int = 2, max_tokens: int = 3) -> Recording
                 restore()
             for key, value in saved.items():
                 os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-        per_rank = {r: _read(Path(tmp) / f"rank{r}.jsonl") for r in range(2)}
+        per_rank = {r: _read(Path(tmp) / f"rank{r}.jsonl") for r in range(tp)}
     events = _label_layers(per_rank)
     facts = {f"rank{r}_all_reduces": sum(e["event"] == "all_reduce" for e in rows) for r, rows in per_rank.items()}
     facts["steps"] = sum(e["event"] == "step" for e in per_rank[0])
+    facts["tp"] = tp
     return Recording("tp", events, facts)
 
 

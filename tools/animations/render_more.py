@@ -39,37 +39,40 @@ def draw_overlap(fig: Any, frame: Frame) -> None:
                  f"process batch N; waited {last['wait_ms']:.2f} ms for the forward", fontsize=8)
 
 
-def _tp_labels(calls: int) -> list:
-    labels = ["embedding"]
-    for i in range(1, calls):
-        labels.append(f"layer {(i - 1) // 2} " + ("attn o_proj" if i % 2 else "mlp down_proj"))
-    return labels
+def _tp_label(i: int) -> str:
+    """The i-th all-reduce of a step: the embedding's, then per decoder layer attention's and the MLP's."""
+    return "embedding" if i == 0 else f"layer {(i - 1) // 2} " + ("attn o_proj" if i % 2 else "mlp down_proj")
+
+
+TP_WINDOW = 9  # rows shown: a deep model's 61 all-reduces per step scroll past
 
 
 def draw_tp(fig: Any, frame: Frame) -> None:
     ax = fig.add_subplot(1, 1, 1)
-    calls = frame["calls_in_step"]
-    labels = _tp_labels(calls)
-    for rank, x in ((0, 0.0), (1, 2.0)):
-        ax.text(x + 0.5, -0.9, f"rank {rank}  ({frame['counts'].get(rank, 0)} all-reduces so far)", ha="center",
+    calls, index = frame["calls_in_step"], frame["index"]
+    first = max(0, min(index - TP_WINDOW // 2, calls - TP_WINDOW))
+    rows = range(first, min(calls, first + TP_WINDOW))
+    ranks = sorted(frame["counts"])
+    for rank in ranks:
+        x = 2.0 * rank
+        ax.text(x + 0.5, first - 0.9, f"rank {rank}\n{frame['counts'][rank]} all-reduces so far", ha="center",
                 fontsize=7, weight="bold")
-        for i, label in enumerate(labels):
-            current = i == frame["index"]
-            done = i < frame["index"]
-            color = "#f28e2b" if current else "#76b7b2" if done else "#eeeeee"
+        for i in rows:
+            color = "#f28e2b" if i == index else "#76b7b2" if i < index else "#eeeeee"
             ax.add_patch(Rectangle((x, i), 1.0, 0.8, color=color, ec="k", lw=0.4))
-            ax.text(x + 0.5, i + 0.4, label, ha="center", va="center", fontsize=6)
-    y = frame["index"] + 0.4
-    ax.add_patch(FancyArrowPatch((1.02, y), (1.98, y), arrowstyle="<|-|>", mutation_scale=10, color="#e15759",
-                                 lw=1.5))
+            ax.text(x + 0.5, i + 0.4, _tp_label(i), ha="center", va="center", fontsize=6)
+    y = index + 0.4
+    for rank in ranks[:-1]:
+        ax.add_patch(FancyArrowPatch((2.0 * rank + 1.02, y), (2.0 * rank + 1.98, y), arrowstyle="<|-|>",
+                                     mutation_scale=10, color="#e15759", lw=1.5))
+        ax.text(2.0 * rank + 1.5, y - 0.25, f"sum {frame['shape']}", ha="center", fontsize=6, color="#e15759")
     ms = ", ".join(f"rank {r}: {t:.2f} ms" for r, t in frame["ranks"].items())
-    ax.text(1.5, y - 0.25, f"sum {frame['shape']}", ha="center", fontsize=6, color="#e15759")
-    ax.text(1.5, calls + 0.4, ms, ha="center", fontsize=6)
-    ax.set_xlim(-0.1, 3.1)
-    ax.set_ylim(calls + 0.8, -1.3)
+    ax.text(len(ranks) - 0.5, rows[-1] + 1.4, f"this all-reduce took {ms}", ha="center", fontsize=6)
+    ax.set_xlim(-0.1, 2.0 * len(ranks) - 0.9)
+    ax.set_ylim(rows[-1] + 1.8, first - 1.5)
     ax.axis("off")
-    ax.set_title(f"TP=2 step {frame['step']}: all-reduce {frame['index'] + 1}/{calls} ({frame['caller']})",
-                 fontsize=8)
+    ax.set_title(f"TP={len(ranks)} step {frame['step']}: all-reduce {index + 1}/{calls} ({frame['caller']})",
+                 fontsize=8, pad=14)
 
 
 def draw_cuda_graph(fig: Any, frame: Frame) -> None:
