@@ -6,6 +6,7 @@ up once, so no session spends minutes reinstalling torch.
     nox -s tests         # every stage, one pytest run (models prepared once)
     nox -s lint          # ruff, stage isolation, no drift between the stages' copies, hygiene, size budgets
     nox -s reliability   # the servers' reliability/security tests (fuzzing, storm, load, auth, shutdown)
+    nox -s animations    # six GIFs of real CPU runs into bench/local/animations (tools/animate.py)
     nox -s gpu           # on a machine with an NVIDIA GPU: install the GPU extras, GPU tests, GPU benchmark
 """
 
@@ -67,6 +68,12 @@ def reliability(session: nox.Session) -> None:
     """Every served stage's tests/reliability (also part of ``tests``, which collects each tests dir recursively)."""
     paths = [str(p) for s in STAGES if (p := Path(s) / "tests" / "reliability").is_dir()]
     session.run("python", "-m", "pytest", *paths, "-q", *session.posargs)
+
+
+@nox.session
+def animations(session: nox.Session) -> None:
+    """The six GIFs of real CPU runs into bench/local/animations (``-- --model tiny-qwen3`` for a quick one)."""
+    session.run("python", "tools/animate.py", "all", *session.posargs)
 
 
 @nox.session
