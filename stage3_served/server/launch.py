@@ -259,7 +259,7 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
 
     server = Server(uvicorn.Config(app, host=config.server_host, port=config.server_port,
                                    log_level=config.effective_log_level,
-                                   timeout_graceful_shutdown=5))
+                                   timeout_graceful_shutdown=5, timeout_keep_alive=config.timeout_keep_alive))
     died: list[str] = []
 
     def on_death(message: str) -> None:

@@ -370,7 +370,7 @@ def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: in
 
     server = Server(uvicorn.Config(app, host=config.server_host, port=config.server_port,
                                    log_level=config.http_log_level, access_log=config.access_log,
-                                   timeout_graceful_shutdown=5))
+                                   timeout_graceful_shutdown=5, timeout_keep_alive=config.timeout_keep_alive))
     return server, end_requests
 
 
