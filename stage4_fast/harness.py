@@ -158,7 +158,7 @@ class ServerProcess:
 def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_args: Sequence[str] = (),
                    **options: Any) -> Iterator[ServerProcess]:
     """`python -m stage4_fast` on a free port of 127.0.0.1 in its own session, ready (health 200) on entry,
-    stopped with SIGTERM on exit."""
+    stopped with SIGTERM on exit. When the test fails, the server's log is kept and its tail printed."""
     unknown = set(options) - OPTIONS
     if unknown:
         raise TypeError(f"stage4_fast's server does not understand option(s) {sorted(unknown)}")
@@ -178,6 +178,7 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
         proc = subprocess.Popen(cmd, cwd=_REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_die_with_parent)
     server = ServerProcess(proc, f"http://127.0.0.1:{port}", log)
+    failed = False  # kept for the failure's report: the log, and its tail printed
     try:
         deadline = time.monotonic() + startup_timeout_s
         while True:
@@ -193,9 +194,31 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
                 pass
             time.sleep(0.2)
         yield server
+    except BaseException as e:
+        failed = failed or _is_failure(e)
+        raise
     finally:
-        server.stop()
-        log.unlink(missing_ok=True)
+        try:
+            server.stop()
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if failed:
+                _show_log(log)
+            else:
+                log.unlink(missing_ok=True)
+
+
+def _is_failure(e: BaseException) -> bool:
+    """A test that failed (an assertion, an error, a timeout), not one that skipped or a generator closed early."""
+    return not isinstance(e, GeneratorExit) and type(e).__name__ not in ("Skipped", "XFailed")
+
+
+def _show_log(log: Path, lines: int = 80) -> None:
+    """A server test failed: keep the server's log and print its tail (pytest shows it with the failure)."""
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    print(f"--- the server's log, kept at {log}; its last {len(tail)} lines ---", *tail, sep="\n", file=sys.stderr)
 
 
 @contextmanager

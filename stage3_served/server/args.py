@@ -31,6 +31,10 @@ class ServerArgs(SchedulerConfig):
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
     max_queued_requests: int = 1024  # requests waiting beyond the running ones before new ones get 503
+    # seconds an idle keep-alive connection stays open: longer than clients keep theirs (httpx, under the openai
+    # client: 5 s; aiohttp: 15 s), so the client drops an idle connection first. At uvicorn's default (5 s, as the
+    # clients') a client can send a request on a connection the server is closing that moment: the stream is lost
+    timeout_keep_alive: int = 60
 
     @property
     def model_ids(self) -> Tuple[str, ...]:

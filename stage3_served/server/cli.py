@@ -203,6 +203,9 @@ def _add_http_args(p: ServerArgumentParser, run_shell: bool) -> None:
                    help="larger request bodies get 413")
     g.add_argument("--max-queued-requests", type=_positive_int, default=1024, metavar="N",
                    help="requests waiting beyond --max-running-requests; more get 503 + Retry-After")
+    g.add_argument("--timeout-keep-alive", type=_positive_int, default=60, metavar="S",
+                   help="close a keep-alive connection idle for S seconds (uvicorn's flag; its default, 5, is the "
+                        "clients' own, which lets a request race the close)")
     g.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="of every process, uvicorn's included")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")

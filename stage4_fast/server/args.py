@@ -41,6 +41,10 @@ class ServerArgs(SchedulerConfig):
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
     max_queued_requests: int = 1024  # requests waiting beyond the running ones before new ones get 503
+    # seconds an idle keep-alive connection stays open: longer than clients keep theirs (httpx, under the openai
+    # client: 5 s; aiohttp: 15 s), so the client drops an idle connection first. At uvicorn's default (5 s, as the
+    # clients') a client can send a request on a connection the server is closing that moment: the stream is lost
+    timeout_keep_alive: int = 60
     api_server_count: int = 1  # HTTP server processes on one port (see launch.py)
     # one model over several machines (SGLang's flags): this machine's index and node 0's "host:port"
     node_rank: int = 0

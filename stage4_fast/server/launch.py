@@ -234,8 +234,11 @@ class WorkerSet:
         for proc in self.procs:
             if proc.is_alive():
                 proc.terminate()  # SIGTERM
+        # one deadline for them all: they stop side by side, so a slow one must not add its wait to the next's
+        # (joined one after another at STOP_TIMEOUT_S each, four workers could hold the launcher 40 s)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for proc in self.procs:
-            proc.join(STOP_TIMEOUT_S)
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 logger.warning("worker %s did not stop within %.0f s; killing it", proc.name, STOP_TIMEOUT_S)
                 proc.kill()
@@ -370,7 +373,7 @@ def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: in
 
     server = Server(uvicorn.Config(app, host=config.server_host, port=config.server_port,
                                    log_level=config.http_log_level, access_log=config.access_log,
-                                   timeout_graceful_shutdown=5))
+                                   timeout_graceful_shutdown=5, timeout_keep_alive=config.timeout_keep_alive))
     return server, end_requests
 
 

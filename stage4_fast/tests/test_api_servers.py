@@ -16,6 +16,7 @@ import pytest
 from stage4_fast.harness import server_process
 from stage4_fast.message import UserReply
 from stage4_fast.server import parse_args
+from stage4_fast.server.launch import STOP_TIMEOUT_S
 from stage4_fast.tokenizer.server import _by_api_server
 
 API_SERVERS = ["--api-server-count", "2"]
@@ -140,11 +141,17 @@ def test_a_signal_stops_every_api_server(tiny_dir, sig):
             os.killpg(pid, signal.SIGINT)
         else:
             server.proc.send_signal(sig)
-        assert server.proc.wait(30) == 0
+        # The launcher's stop is bounded by itself: STOP_TIMEOUT_S for all workers together, then SIGKILL; a worker
+        # that hangs is killed there and says so in the log (checked below), so this bound only has to catch a
+        # launcher that never exits. It leaves a loaded 2-core machine room: there a worker's exit and the
+        # interpreters' teardown, starved of CPU, take seconds each (0.5 s quiet, 4-10 s at load average 12).
+        assert server.proc.wait(STOP_TIMEOUT_S + 50) == 0
         _, alive = psutil.wait_procs(workers, timeout=15)
         assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
         assert _own_files(pid) == []  # ipc files and the Prometheus files' directory
-        assert "Traceback" not in server.log()
+        log = server.log()
+        assert "Traceback" not in log
+        assert "did not stop within" not in log, "a worker ignored SIGTERM and was killed"
 
 
 def test_a_dead_worker_ends_the_streams_of_every_api_server(tiny_dir):

@@ -202,6 +202,22 @@ def test_a_server_builds_the_grammar_compiler_at_start_up(smollm2_dir, monkeypat
     assert not grammar_module.GrammarBackend(tokenizer, 49152).warm_up_in_background()
 
 
+
+def test_without_xgrammar_a_structured_request_is_refused_by_name(monkeypatch):
+    """xgrammar is a base dependency, but an environment can lack it (installed --no-deps, or removed): a request
+    with a grammar is then refused with what to install (the scheduler answers it as a 400), and a server starts
+    without the warm-up thread."""
+    import sys
+
+    from stage4_fast.sampling import grammar as grammar_module
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` raises ImportError
+    backend = grammar_module.GrammarBackend(None, 64)
+    with pytest.raises(grammar_module.GrammarError, match=r"needs the xgrammar package \(pip install xgrammar\)"):
+        backend.add(1, "regex", "a+")
+    assert not backend.has(1)
+    assert isinstance(grammar_module.GrammarError("x"), ValueError)  # what the scheduler turns into a rejection
+
 # ---- grammar masks: the host buffer, and overlap with the previous step ------------------------------------------
 
 

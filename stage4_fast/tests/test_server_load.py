@@ -233,3 +233,35 @@ def test_a_refused_choice_aborts_the_choices_submitted_before_it():
         fm.shutdown()
 
     asyncio.run(run())
+
+
+def test_bursts_from_one_client_keep_their_connections_across_an_idle_gap(tiny_server: ServerProcess):
+    """The client shape that once lost a stream: one process, one AsyncClient with a small pool, bursts of streams
+    in a row on the same keep-alive connections. Between two bursts the connections idle past uvicorn's default
+    keep-alive (5 s, httpx's own expiry too): were the server to close them then, a request sent as one closes is
+    lost (ReadError). The server holds them open (--timeout-keep-alive), so every burst reuses the first burst's
+    connections and every stream ends with [DONE]."""
+    pool, streams, idle_s = 8, 64, 5.5
+
+    async def burst(client: httpx.AsyncClient) -> set[int]:
+        async def one(i: int) -> int:
+            body = {"prompt": f"burst {i}", "max_tokens": 2, "ignore_eos": True, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                port = r.extensions["network_stream"].get_extra_info("client_addr")[1]
+                assert [line async for line in r.aiter_lines() if line][-1] == "data: [DONE]"
+            return port
+
+        return set(await asyncio.gather(*(one(i) for i in range(streams))))
+
+    async def main() -> list[set[int]]:
+        limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool, keepalive_expiry=60)
+        async with httpx.AsyncClient(base_url=tiny_server.base_url, timeout=120, limits=limits) as client:
+            first = await burst(client)
+            second = await burst(client)  # at once: connections reused straight away
+            await asyncio.sleep(idle_s)
+            return [first, second, await burst(client)]
+
+    first, second, after_idle = asyncio.run(main())
+    assert len(first) <= pool
+    assert second <= first and after_idle <= first, "the server closed idle keep-alive connections"
