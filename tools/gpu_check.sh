@@ -13,8 +13,8 @@
 # TP_DEADLINE seconds, default 300) | tp8b (2 GPUs, the Qwen3-8B shape: TP 1 vs 2 throughput, teacher-forced logits,
 # all-reduce timing; TP8B_PARTS picks among "throughput logits allreduce", TP8B_SHAPES the throughput runs as
 # name:sequences, TP8B_SECONDS bounds them, default 570) | kv (the fp8 KV cache: KV_PARTS picks among "tests
-# accuracy sweep throughput": its GPU tests, `bench kv-accuracy` against a bf16 KV cache through KV_BACKENDS
-# (default triton), the fp8 decode-launch sweep, and the offline workload + server burst with kv_cache_dtype auto
+# accuracy throughput": its GPU tests, `bench kv-accuracy` against a bf16 KV cache through KV_BACKENDS
+# (default triton), and the offline workload + server burst with kv_cache_dtype auto
 # and fp8_e4m3 into kv_throughput.jsonl; KV_SECONDS stops each part after that many seconds) | served (the
 # 256-request streaming burst against offline `LLM.generate` on the burst model, qwen3-0.6b-shape-v49k: per round the
 # offline run, then one burst per server variant, in turn, into served.jsonl; SERVED_OPTIONS = the engine options of
@@ -44,7 +44,7 @@ WHEELS=(  # what stage4 needs beyond torch/transformers, at the versions the CPU
   annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2
   setproctitle==1.3.8  # the server names its processes (without it the server does not start)
   uvloop==0.23.0 httptools==0.9.0 orjson==3.13.0  # uvicorn's event loop and HTTP parser, the chunks' JSON
-  xgrammar==0.2.9  # response_format (python -m bench api-costs --gpu)
+  xgrammar==0.2.9  # response_format
   aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 frozenlist==1.8.0 multidict==7.2.1
   propcache==0.5.4 yarl==1.25.1 idna==3.20  # the benchmark's streaming client (bench/stream_client.py)
 )
@@ -141,8 +141,6 @@ case $MODE in
         tests) PYTEST_K=${PYTEST_K:-fp8} TESTS_TIMEOUT=${KV_SECONDS:-} run_tests || status=$? ;;
         accuracy) maybe_timeout "${KV_SECONDS:-}" python3 -m bench kv-accuracy --gpu --out "$results_dir" \
                     --backends ${KV_BACKENDS:-triton} || status=$? ;;
-        sweep) maybe_timeout "${KV_SECONDS:-}" python3 -m bench decode-sweep --kv-dtype fp8_e4m3 \
-                 --json "$results_dir/decode_sweep_fp8.json" || status=$? ;;
         throughput) for kv in auto fp8_e4m3; do
             # offline and the served burst in separate processes: a server started beside a live engine finds
             # only the GPU memory that engine left free
