@@ -20,6 +20,11 @@ from stage4_fast.server.launch import STOP_TIMEOUT_S
 from stage4_fast.tokenizer.server import _by_api_server
 
 API_SERVERS = ["--api-server-count", "2"]
+# how long a test waits for the launcher to exit once it stops. The launcher bounds its own stop (STOP_TIMEOUT_S for
+# every worker together, then SIGKILL, logged), so this bound only has to catch a launcher that never exits; it leaves
+# a loaded 2-core machine room, where a worker's exit and the interpreters' teardown, starved of CPU, take seconds each
+# (0.5 s quiet, 4-10 s at load average 12)
+LAUNCHER_EXIT_S = STOP_TIMEOUT_S + 50
 TITLES = ["minisgl::api_server_0", "minisgl::api_server_1", "minisgl::scheduler_0", "minisgl::tokenizer+detokenizer"]
 
 
@@ -109,10 +114,9 @@ def test_an_api_server_answers_only_once_the_launcher_says_every_one_is_up(tiny_
 
 
 @pytest.mark.parametrize("tokenizers", [0, 2])
-def test_two_api_servers_answer_as_one(tiny_dir, tokenizers):
+def test_two_api_servers_answer_as_one(tiny_dir, tiny_server, tokenizers):
     body = {"prompt": "The capital of France is", "max_tokens": 12, "ignore_eos": True, "temperature": 0}
-    with server_process(str(tiny_dir)) as one:
-        expected, _ = _streamed(one.base_url, body)
+    expected, _ = _streamed(tiny_server.base_url, body)  # one API server's answer (fp32 greedy: any page size's)
     with server_process(str(tiny_dir), extra_args=[*API_SERVERS, "--num-tokenizer", str(tokenizers)]) as server:
         if not tokenizers:  # (with tokenizer workers, a detokenizer and minisgl::tokenizer_0 / _1 instead)
             assert _titles(server.proc.pid) == TITLES
@@ -138,14 +142,17 @@ def test_a_signal_stops_every_api_server(tiny_dir, sig):
         workers = psutil.Process(pid).children(recursive=True)
         assert [p for p in _own_files(pid) if p.startswith("minisgl_metrics")], "the Prometheus files' directory"
         if sig == signal.SIGINT:  # Ctrl-C in a terminal reaches the whole process group: the launcher decides
+            # an API server process ignores it (as the workers do), so a SIGINT to one alone stops nothing
+            child = _child(pid, "minisgl::api_server_1")
+            child.send_signal(signal.SIGINT)
+            with pytest.raises(psutil.TimeoutExpired):
+                child.wait(2)
+            answered_by = {httpx.get(f"{server.base_url}/v1/stats").json()["frontend"]["api_server"] for _ in range(24)}
+            assert answered_by == {0, 1} and server.proc.poll() is None
             os.killpg(pid, signal.SIGINT)
         else:
             server.proc.send_signal(sig)
-        # The launcher's stop is bounded by itself: STOP_TIMEOUT_S for all workers together, then SIGKILL; a worker
-        # that hangs is killed there and says so in the log (checked below), so this bound only has to catch a
-        # launcher that never exits. It leaves a loaded 2-core machine room: there a worker's exit and the
-        # interpreters' teardown, starved of CPU, take seconds each (0.5 s quiet, 4-10 s at load average 12).
-        assert server.proc.wait(STOP_TIMEOUT_S + 50) == 0
+        assert server.proc.wait(LAUNCHER_EXIT_S) == 0  # a worker that hung is killed and logged (checked below)
         _, alive = psutil.wait_procs(workers, timeout=15)
         assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
         assert _own_files(pid) == []  # ipc files and the Prometheus files' directory
@@ -174,7 +181,7 @@ def test_a_dead_worker_ends_the_streams_of_every_api_server(tiny_dir):
             results = [done.result() for done in streams]
         for lines in results:  # on either process (8 connections, 2 sockets): an error event, then the end
             assert lines[-1] == "data: [DONE]" and '"error"' in lines[-2]
-        assert server.proc.wait(30) == 1
+        assert server.proc.wait(LAUNCHER_EXIT_S) == 1
         log = server.log()
         # the message names the log's own lines (uvicorn's left out) should the watchdog ever report another worker
         assert re.search(r"worker minisgl-\S+ \(pid \d+\) was killed by signal 9; shutting the server down",
@@ -184,17 +191,5 @@ def test_a_dead_worker_ends_the_streams_of_every_api_server(tiny_dir):
 def test_a_dead_api_server_brings_the_server_down(tiny_dir):
     with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
         _child(server.proc.pid, "minisgl::api_server_1").kill()
-        assert server.proc.wait(30) == 1
+        assert server.proc.wait(LAUNCHER_EXIT_S) == 1
         assert re.search(r"worker minisgl-api-server-1 \(pid \d+\) was killed by signal 9", server.log())
-
-
-def test_an_api_server_leaves_ctrl_c_to_the_launcher(tiny_dir):
-    """A terminal's Ctrl-C reaches every process of the group; an API server process ignores it (the launcher
-    decides, as for the workers), so a SIGINT to it alone stops nothing."""
-    with server_process(str(tiny_dir), extra_args=API_SERVERS) as server:
-        child = _child(server.proc.pid, "minisgl::api_server_1")
-        child.send_signal(signal.SIGINT)
-        with pytest.raises(psutil.TimeoutExpired):
-            child.wait(2)
-        assert {httpx.get(f"{server.base_url}/v1/stats").json()["frontend"]["api_server"] for _ in range(24)} == {0, 1}
-        assert server.proc.poll() is None
