@@ -34,7 +34,7 @@
 namespace stage4 {
 
 // Warps per program: 4, or 8 where a launch has few programs (a small batch; the caller picks, below 2 programs per
-// SM): then each program's sequence is read by twice the warps (bench/results/h200-decode-warps.md). Either way an
+// SM): then each program's sequence is read by twice the warps. Either way an
 // SM holds 16 warps at 128 registers per thread.
 constexpr int kSmWarps = 16;
 constexpr int kTileKeys = 16;
