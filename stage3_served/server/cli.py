@@ -1,8 +1,7 @@
-"""The server's command line: upstream mini-sglang's flags plus the spellings a vLLM or SGLang user types, each with
-a help line and its default; mistakes end in one line ("did you mean", or why a known flag is not offered).
+"""The command line: upstream's flags plus vLLM's and SGLang's spellings; a mistake ends in one line.
 
-Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); the short forms upstream's
-users rely on (``--tp``, ``--shell``, ``--cache``) are spelled out as aliases.
+Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); upstream's short forms
+(``--tp``, ``--shell``, ``--cache``) are aliases.
 """
 
 from __future__ import annotations
@@ -194,8 +193,7 @@ def _add_scheduling_args(p: ServerArgumentParser) -> None:
 def _add_http_args(p: ServerArgumentParser, run_shell: bool) -> None:
     g = p.add_argument_group("HTTP server")
     g.add_argument("--host", dest="server_host", default="127.0.0.1", metavar="ADDR", help="address to listen on")
-    g.add_argument("--port", dest="server_port", type=_port, default=1919, metavar="PORT",
-                   help="HTTP port")
+    g.add_argument("--port", dest="server_port", type=_port, default=1919, metavar="PORT", help="HTTP port")
     g.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY") or None, metavar="KEY",
                    help="require 'Authorization: Bearer <key>' on every endpoint but /health "
                         "(default: $MINISGL_API_KEY; unset = no auth)")

@@ -1,8 +1,7 @@
-"""The server's command line: upstream mini-sglang's flags plus the spellings a vLLM or SGLang user types, each with
-a help line and its default; mistakes end in one line ("did you mean", or why a known flag is not offered).
+"""The command line: upstream's flags plus vLLM's and SGLang's spellings; a mistake ends in one line.
 
-Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); the short forms upstream's
-users rely on (``--tp``, ``--shell``, ``--cache``) are spelled out as aliases.
+Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); upstream's short forms
+(``--tp``, ``--shell``, ``--cache``) are aliases.
 """
 
 from __future__ import annotations
