@@ -7,6 +7,7 @@ from typing import Any, AsyncGenerator, Dict, List
 
 from ..message import TextLogprobs
 from .frontend import FrontendManager, RequestRejected
+from .tags import tag_start_len
 
 
 class StopStringMatcher:
@@ -36,12 +37,7 @@ class StopStringMatcher:
             self.held, self.held_unarmed = "", 0
             end, start = min(hits)
             return buf[: end if self.keep_stop else start], True
-        keep = 0
-        for s in self.stops:  # the longest suffix of buf that is a proper prefix of some stop string
-            for k in range(min(len(s) - 1, len(buf)), keep, -1):
-                if buf.endswith(s[:k]):
-                    keep = k
-                    break
+        keep = max(tag_start_len(buf, s) for s in self.stops)  # the longest tail that could start a stop string
         self.held, self.held_unarmed = buf[len(buf) - keep :], max(0, unarmed - (len(buf) - keep))
         return buf[: len(buf) - keep], False
 
