@@ -28,8 +28,7 @@ DTYPES = {"auto": None, "float16": torch.float16, "half": torch.float16, "fp16":
           "fp32": torch.float32}
 LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
-# Flags of upstream, vLLM or SGLang that this server does not offer, and why. Only consulted for a flag the parser
-# does not know, so a flag implemented later simply stops being looked up here.
+# flags of upstream, vLLM or SGLang that this server does not offer, and why (looked up for unknown flags only)
 UNSUPPORTED_FLAGS = {
     "--disable-pynccl": "this engine has no PyNCCL; all-reduce always goes through torch.distributed, as the flag "
                         "asks, so leave it out",
@@ -47,8 +46,7 @@ UNSUPPORTED_FLAGS = {
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" unless the help says it already or there is nothing to say (None, False, SUPPRESS);
-    a help that names its default itself never prints the value (--api-key's comes from the environment)."""
+    """Appends "(default: X)" unless the help names its default or there is none (None, False, SUPPRESS)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
