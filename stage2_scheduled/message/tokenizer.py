@@ -21,6 +21,5 @@ class DetokenizeMsg(BaseTokenizerMsg):
     uid: int
     next_token: int
     finished: bool
-    # Not upstream: a request the scheduler rejects (prompt too long, can never fit) or aborts gets one final
-    # message with the reason here and next_token == -1, instead of no reply at all (upstream bug 6).
+    # not upstream: a rejected or aborted request gets one final message with the reason and next_token == -1
     error: str | None = None

@@ -40,8 +40,6 @@ class AbortBackendMsg(BaseBackendMsg):
 
 @dataclass
 class StatsBackendMsg(BaseBackendMsg):
-    """Asks the scheduler for its KV pool / cache / queue figures (not upstream: read by /v1/stats and tests)."""
-
     uid: int
 
 

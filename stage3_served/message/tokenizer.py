@@ -25,15 +25,13 @@ class DetokenizeMsg(BaseTokenizerMsg):
     uid: int
     next_token: int
     finished: bool
-    # Not upstream: a request the scheduler rejects (prompt too long, can never fit) or aborts gets one final
-    # message with the reason here and next_token == -1, instead of no reply at all (upstream bug 6).
+    # not upstream: a rejected or aborted request gets one final message with the reason and next_token == -1
     error: str | None = None
     # Stage 3: why a request ended and what its prompt cost, for the API's finish_reason and usage
     finish_reason: str = ""  # on the last message: "stop" (EOS / a stop token), "length", "abort" or "error"
     prompt_tokens: int = 0  # on the first token's message: the prompt's length ...
     cached_tokens: int = 0  # ... and how much of it the prefix cache served
-    # the request's SamplingParams.skip_special_tokens, on every token's message (the detokenizer keeps no
-    # per-request settings of its own; SGLang's scheduler sends it along every step too)
+    # on every token's message: the detokenizer keeps no per-request settings (as SGLang)
     skip_special_tokens: bool = True
 
 
@@ -52,8 +50,7 @@ class AbortMsg(BaseTokenizerMsg):
 
 @dataclass
 class StatsQueryMsg(BaseTokenizerMsg):
-    """The API asks for the scheduler's pool / cache / queue figures (not upstream: /v1/stats and tests read them).
-    It travels the requests' own path, so it also proves every worker is alive."""
+    """Asks for the scheduler's figures (/v1/stats) along the requests' path, so it also proves every worker alive."""
 
     uid: int
 

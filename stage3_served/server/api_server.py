@@ -1,9 +1,7 @@
-"""The HTTP API: OpenAI-compatible completions and chat completions (plain and SSE), models, health, stats, and
-upstream's /generate.
+"""The OpenAI-compatible HTTP API (plain and SSE), models, health, stats, and upstream's /generate.
 
-A request is checked before anything is sent to the workers; what only the backend can check (prompt length against
-the context and the KV pool, token ids against the vocabulary) comes back as the request's first reply, and we wait
-for that reply before answering, so even a streamed request that the scheduler refuses gets a real 4xx status.
+What only the backend can check (prompt length, token ids) comes back as the request's first reply; we wait for it
+before answering, so even a streamed request the scheduler refuses gets a real 4xx status.
 """
 
 from __future__ import annotations
@@ -78,9 +76,6 @@ def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
     return app
 
 
-# ---- errors ---------------------------------------------------------------------------------------------------
-
-
 def _error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
@@ -129,9 +124,6 @@ def _unavailable(reason: str) -> APIError:
     return APIError(503, reason, "server_unavailable", type="server_error")
 
 
-# ---- request -> sampling params ---------------------------------------------------------------------------------
-
-
 def _check_model(app: FastAPI, model: str | None) -> str:
     config: ServerArgs = app.state.config
     if model is not None and model not in config.model_ids:
@@ -158,17 +150,13 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None) 
     )
 
 
-# ---- running a request --------------------------------------------------------------------------------------------
-
-
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (aborting the request) and raise ClientGone. (Starlette
-    cancels a streaming response itself: this covers the wait for the first reply and non-streamed requests.)"""
+    """Await ``work``, or cancel it and raise ClientGone if the client leaves first (Starlette covers streams)."""
     work_task = asyncio.ensure_future(work)
     gone_task = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -210,8 +198,7 @@ async def _collect(request: Request, deltas: AsyncIterator[Delta]) -> Delta:
         async for d in deltas:
             parts.append(d.text)
             if d.finish_reason is not None:
-                return Delta("".join(parts), d.finish_reason, d.prompt_tokens, d.completion_tokens,
-                             d.cached_tokens)
+                return Delta("".join(parts), d.finish_reason, d.prompt_tokens, d.completion_tokens, d.cached_tokens)
         raise BackendUnavailable("the request ended without a final reply")
 
     try:
@@ -253,9 +240,6 @@ def _stream_response(body: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-# ---- routes ------------------------------------------------------------------------------------------------------
-
-
 def _add_routes(app: FastAPI) -> None:
     _add_status_routes(app)
     _add_completion_routes(app)
@@ -277,7 +261,6 @@ async def _scheduler_stats(fm: FrontendManager) -> Dict[str, Any]:
 
 
 def _add_status_routes(app: FastAPI) -> None:
-    """Health, the model list, the scheduler's figures (JSON and Prometheus)."""
     @app.get("/health", responses=error_responses(503))
     async def health() -> Dict[str, str]:
         _frontend(app)
@@ -297,8 +280,7 @@ def _add_status_routes(app: FastAPI) -> None:
 
     @app.get("/v1/stats", responses=error_responses(503))
     async def stats() -> Dict[str, Any]:
-        """The scheduler's KV pool / prefix cache / queue figures (asked through the requests' pipes) and the
-        requests in flight here."""
+        """The scheduler's KV pool / prefix cache / queue figures and the requests in flight here."""
         fm = _frontend(app)
         scheduler = await _scheduler_stats(fm)
         return {"scheduler": scheduler, "frontend": {"inflight_requests": fm.num_inflight}}
@@ -312,7 +294,6 @@ def _add_status_routes(app: FastAPI) -> None:
 
 
 def _add_completion_routes(app: FastAPI) -> None:
-    """/v1/completions and upstream's /generate."""
     @app.post("/v1/completions", responses=error_responses(404, 503, streams=True))
     async def completions(req: CompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
@@ -322,8 +303,7 @@ def _add_completion_routes(app: FastAPI) -> None:
 
         def chunk(d: Delta) -> Dict[str, Any]:
             choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
-            return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [choice]}
+            return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
         return await _respond(request, req, deltas, chunk, rid, created, model, chat=False)
 
@@ -375,9 +355,7 @@ async def _respond(request: Request, req: SamplingFields, deltas: AsyncIterator[
                     "usage": usage_dict(d.prompt_tokens, d.completion_tokens, d.cached_tokens)}
 
         with_usage = req.stream_options is not None and req.stream_options.include_usage
-        return _stream_response(
-            _sse_stream(first, deltas, chunk, usage_chunk if with_usage else None, head=chat)
-        )
+        return _stream_response(_sse_stream(first, deltas, chunk, usage_chunk if with_usage else None, head=chat))
     d = await _collect(request, deltas)
     if chat:
         choice: Dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": d.text},

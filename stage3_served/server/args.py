@@ -31,9 +31,8 @@ class ServerArgs(SchedulerConfig):
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
     max_queued_requests: int = 1024  # requests waiting beyond the running ones before new ones get 503
-    # seconds an idle keep-alive connection stays open: longer than clients keep theirs (httpx, under the openai
-    # client: 5 s; aiohttp: 15 s), so the client drops an idle connection first. At uvicorn's default (5 s, as the
-    # clients') a client can send a request on a connection the server is closing that moment: the stream is lost
+    # longer than clients keep an idle connection (httpx 5 s, aiohttp 15 s), so the client drops it first: at
+    # uvicorn's 5 s a request can race the server closing the connection and be lost
     timeout_keep_alive: int = 60
 
     @property
@@ -55,15 +54,10 @@ class ServerArgs(SchedulerConfig):
 
     @property
     def zmq_tokenizer_addrs(self) -> List[str]:
-        """One address per tokenizer worker; a request and its abort take the same one (by uid), so they stay in
-        order (upstream's round-robin could let the abort reach the scheduler first)."""
+        """One address per tokenizer worker; a request and its abort take the same one (by uid), so stay in order."""
         if self.share_tokenizer:
             return [self.zmq_detokenizer_addr]
         return [f"ipc:///tmp/minisgl_4{self._unique_suffix}.{i}" for i in range(self.num_tokenizer)]
-
-    @property
-    def tokenizer_create_addr(self) -> bool:
-        return True  # every tokenizer worker binds its own address (see zmq_tokenizer_addrs)
 
     @property
     def backend_create_detokenizer_link(self) -> bool:
@@ -91,8 +85,7 @@ def _resolve_dtype(model_path: str, name: str) -> torch.dtype:
 
 
 def _model_ids(given: str | None, model_path: str, served: str | None) -> Tuple[str, Tuple[str, ...]]:
-    """The served id and its aliases. Default id: the model directory's name (`SmolLM2-135M-Instruct`), or the hub id
-    as given; requests may also name the path given to --model or the directory it resolved to."""
+    """The served id (the model directory's name, or the hub id as given) and its aliases (the paths)."""
     if served is None:
         hub_id = given is not None and not Path(given).expanduser().is_dir()
         served = given if hub_id else Path(model_path).resolve().name

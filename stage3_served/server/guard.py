@@ -1,7 +1,7 @@
-"""The API server's front door (not upstream): Bearer auth, a request body size limit, and the request counter.
+"""The front door (not upstream): Bearer auth, a body size limit, the request counter.
 
-A plain ASGI middleware sees every request, routed or not, before FastAPI reads a body; an oversized body is refused
-from its Content-Length or, without one, as soon as the bytes read exceed it.
+An ASGI middleware sees every request before FastAPI reads a body; an oversized body is refused from its
+Content-Length or as soon as the bytes read exceed it.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ OPEN_PATHS = frozenset({"/health"})  # load balancers probe it without credentia
 
 
 class _BodyTooLarge(HTTPException):
-    """Raised from ``receive`` while a route reads the body; FastAPI passes an HTTPException through as it is (any
-    other exception there would become its generic 400), and the app's handler turns it into the JSON error."""
+    """Raised from ``receive``: FastAPI passes an HTTPException through (any other would become its generic 400)."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"the request body exceeds {limit} bytes")

@@ -107,8 +107,7 @@ class WorkerSet:
         for rank in range(tp):
             rank_config = replace(c, tp_info=DistributedInfo(rank, tp))
             targets.append((f"minisgl-TP{rank}-scheduler", _run_scheduler, (rank_config, self.ack_queue, pid)))
-        common = dict(tokenizer_path=c.model_path, backend_addr=c.zmq_backend_addr,
-                      frontend_addr=c.zmq_frontend_addr)
+        common = dict(tokenizer_path=c.model_path, backend_addr=c.zmq_backend_addr, frontend_addr=c.zmq_frontend_addr)
         detok = dict(common, addr=c.zmq_detokenizer_addr, create=c.share_tokenizer, local_bs=64,
                      tokenizer_id=c.num_tokenizer)
         role = "tokenizer+detokenizer" if c.share_tokenizer else "detokenizer"  # the process title
@@ -172,7 +171,6 @@ class WorkerSet:
             if proc.is_alive():
                 proc.terminate()  # SIGTERM
         # one deadline for them all: they stop side by side, so a slow one must not add its wait to the next's
-        # (joined one after another at STOP_TIMEOUT_S each, four workers could hold the launcher 40 s)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -205,7 +203,6 @@ def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
 
 def launch_server(run_shell: bool = False, argv: List[str] | None = None,
                   announce: Callable[[ServerArgs], str] | None = None) -> None:
-    """`announce(config)`, when given, is printed once the checks have passed (a summary of the configuration)."""
     config, shell = parse_args(sys.argv[1:] if argv is None else argv, run_shell)
     listener = _reserve_ports(config, shell)
     logging.basicConfig(level=config.effective_log_level.upper(), format="[%(asctime)s] %(levelname)s %(message)s")
@@ -254,8 +251,7 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            # uvicorn would re-raise the signal after its shutdown, inside the event loop, which cuts the app's
-            # own shutdown short; we stop the same way without the replay (a second Ctrl-C still forces it)
+            # uvicorn would re-raise the signal inside the event loop, cutting the app's shutdown short
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             self.should_exit = True

@@ -1,8 +1,6 @@
 """Prometheus figures of one API server (GET /metrics, text format).
 
-Counters and histograms are updated as requests pass; the gauges (queue, running requests, KV pages) are read from
-the scheduler's stats at scrape time, so they are never stale. Each app has its own registry: several servers in
-one process (tests) do not collide.
+The gauges are read from the scheduler's stats at scrape time; each app has its own registry (tests run several).
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ class ServerMetrics:
                               buckets=_TTFT_BUCKETS, registry=r)
         self.itl = Histogram("minisgl_inter_token_latency_seconds", "between two replies of a request",
                              buckets=_ITL_BUCKETS, registry=r)
-        self.rejected = Counter("minisgl_rejected_requests", "requests refused because the queue was full",
-                                registry=r)
+        self.rejected = Counter("minisgl_rejected_requests", "requests refused because the queue was full", registry=r)
         self.queue = Gauge("minisgl_num_queued_requests", "requests waiting for prefill", registry=r)
         self.running = Gauge("minisgl_num_running_requests", "requests decoding", registry=r)
         self.inflight = Gauge("minisgl_num_inflight_requests", "requests the API server waits on", registry=r)

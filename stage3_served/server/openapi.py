@@ -1,10 +1,7 @@
 """The OpenAPI document (`/openapi.json`, `/docs`) made to tell the truth about this server (not upstream).
 
-FastAPI documents a 422 the server never sends and one JSON body for every 200. Here each operation lists the
-statuses it answers, with OpenAI's error body: its own (``error_responses`` on the route) and the front door's (400
-for a bad Content-Length, 413 over --max-request-bytes, 401 with --api-key); streamed answers are
-``text/event-stream``; the bounds only the loaded model knows are filled in; an API key declares the Bearer scheme.
-Schemathesis checks the document against the running server (the tests).
+Each operation lists the statuses it answers with OpenAI's error body (its own and the front door's), not FastAPI's
+422; streamed answers are ``text/event-stream``; the model's bounds are filled in. Schemathesis checks it (tests).
 """
 
 from __future__ import annotations
@@ -27,8 +24,6 @@ class ErrorBody(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """OpenAI's error shape, for every 4xx and 5xx."""
-
     error: ErrorBody
 
 
@@ -39,15 +34,13 @@ _DESCRIPTIONS = {
     413: "request body larger than --max-request-bytes",
     503: "overloaded (with Retry-After), stopping, or a worker died",
 }
-# one server-sent event: `data:` carries a JSON chunk (an `{"error": ...}` one if the request fails after its start),
-# the last one `[DONE]`
+# one server-sent event: `data:` carries a JSON chunk, the last one `[DONE]`
 SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}},
                                         "required": ["data"]}}}
 
 
 def error_responses(*statuses: int, streams: bool = False) -> Dict[int | str, Dict[str, Any]]:
-    """A route's own error statuses (and, for a route that can stream, its event-stream 200) for FastAPI's
-    ``responses=``."""
+    """A route's own error statuses (and its event-stream 200) for FastAPI's ``responses=``."""
     responses: Dict[int | str, Dict[str, Any]] = {
         status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]} for status in statuses
     }

@@ -1,8 +1,6 @@
-"""Start-up checks (not upstream): what can be known before the model loads is checked first, so a mistake costs
-seconds and one line, not a model load and a traceback.
+"""Start-up checks (not upstream), before the model loads: a mistake costs one line, not a load and a traceback.
 
-The HTTP port is bound here and the socket handed to uvicorn once the workers are ready: nothing can take the port
-in between, and until then connections are refused.
+The port is bound here and handed to uvicorn once the workers are ready, so nothing can take it in between.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer
 
 
 class StartupError(Exception):
-    """A one-line reason the server cannot start."""
+    pass
 
 
 def _first_line(exc: BaseException) -> str:

@@ -24,17 +24,13 @@ HELP = "Ctrl-C stops an answer; /reset clears the conversation; /exit, or Ctrl-C
 
 
 def _shell_sampling_params(max_seq_len: int) -> SamplingParams:
-    return SamplingParams(  # upstream's variables; our defaults answer briefly (env.py)
-        temperature=ENV.SHELL_TEMPERATURE.value,
-        top_k=ENV.SHELL_TOP_K.value,
-        top_p=ENV.SHELL_TOP_P.value,
-        max_tokens=min(ENV.SHELL_MAX_TOKENS.value, max_seq_len),
-    )
+    # upstream's variables; our defaults answer briefly (env.py)
+    return SamplingParams(temperature=ENV.SHELL_TEMPERATURE.value, top_k=ENV.SHELL_TOP_K.value,
+                          top_p=ENV.SHELL_TOP_P.value, max_tokens=min(ENV.SHELL_MAX_TOKENS.value, max_seq_len))
 
 
 async def _print_answer(frontend: FrontendManager, messages: List[Dict[str, str]], params: SamplingParams,
                         answer: List[str]) -> None:
-    """Stream the model's reply to the terminal, collecting its pieces in `answer`."""
     async for delta in generate_deltas(frontend, messages, params, []):
         print(delta.text, end="", flush=True)
         answer.append(delta.text)
@@ -42,9 +38,7 @@ async def _print_answer(frontend: FrontendManager, messages: List[Dict[str, str]
 
 @contextlib.contextmanager
 def _keys_not_echoed() -> Iterator[None]:
-    """While an answer streams the terminal is in its normal mode, which echoes what is typed into the answer. Turn
-    echo off meanwhile: the keys wait in the terminal's input and show in the next prompt (type-ahead); Ctrl-C still
-    signals."""
+    """Echo off while an answer streams: keys typed ahead wait for the next prompt; Ctrl-C still signals."""
     if not sys.stdin.isatty():
         yield
         return
@@ -94,10 +88,8 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
     params = _shell_sampling_params(info["max_seq_len"])
     history: List[Dict[str, str]] = []
     session: PromptSession[str] = PromptSession(key_bindings=_prompt_key_bindings())
-    # Ctrl-C stops the answer being streamed; at an empty prompt it quits. At the prompt (raw mode) prompt_toolkit
-    # reads it as a key (see _prompt_key_bindings). Otherwise the terminal sends SIGINT, handled here rather than by
-    # asyncio.run's cancel-the-main-task: while an answer streams it cancels that answer (the request is aborted on
-    # the way out); between answers it leaves a flag the loop checks and ends a prompt that is opening.
+    # At the prompt prompt_toolkit reads Ctrl-C as a key; otherwise SIGINT cancels a streaming answer, or between
+    # answers sets a flag the loop checks and ends a prompt that is opening.
     ctrl_c = asyncio.Event()
     streaming: List[asyncio.Task] = []
 
@@ -120,8 +112,7 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
     try:
         while not died:
             try:
-                # handle_sigint=False: prompt_toolkit would otherwise swap its own SIGINT handler in and out, and
-                # removing it would remove ours
+                # handle_sigint=False: removing prompt_toolkit's own SIGINT handler would remove ours
                 line = (await session.prompt_async("> ", pre_run=end_prompt, handle_sigint=False)).strip()
             except (EOFError, KeyboardInterrupt):
                 break
@@ -148,8 +139,7 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
 
 async def _turn(frontend: FrontendManager, history: List[Dict[str, str]], params: SamplingParams,
                 streaming: List[asyncio.Task]) -> None:
-    """Answer the question that ends ``history``, streamed to the terminal; the answer joins the history, or, when
-    stopped (Ctrl-C cancels ``streaming[0]``) or refused, the question leaves it."""
+    """Answer the question that ends ``history``; stopped or refused, the question leaves the history."""
     answer: List[str] = []
     streaming.append(asyncio.ensure_future(_print_answer(frontend, list(history), params, answer)))
     try:

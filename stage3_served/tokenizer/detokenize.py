@@ -1,16 +1,11 @@
 """Token ids -> text, incrementally per request, never cutting a multi-byte character.
 
-Byte-level BPE splits an emoji or a CJK character across several tokens, and decoding the tokens seen so far then
-ends in U+FFFD. We decode a window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:
-read_offset]`` only when it does not end in U+FFFD; the window's left context keeps tokenizers that drop a lone
-token's leading space right. The last token flushes the rest, so the stream equals decoding all ids at once.
+We decode a window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:read_offset]`` only when
+it does not end in U+FFFD; the last token flushes the rest, so the stream equals decoding all ids at once.
 
-A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
-start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries
-none and is not counted). When more are held and the text still ends in U+FFFD (bytes that are no UTF-8, such as a
-random model's lone continuation bytes), the text of the tokens before those 3 can no longer change: it is
-committed, U+FFFD included, as decoding all ids gives it, instead of holding the stream until the request ends
-(vLLM's and SGLang's detokenizers hold it).
+A character is at most 4 bytes, so only the last 3 non-empty tokens can start one that later tokens complete; when
+more are held and the text still ends in U+FFFD (no UTF-8), the text before those 3 is committed as decoding all ids
+gives it, instead of holding the stream to the end (as vLLM and SGLang do).
 """
 
 from __future__ import annotations
@@ -92,9 +87,8 @@ class DetokenizeManager:
                 self._commit_text(s, cut[len(prefix) :], end)
 
     def _unfinished_start(self, s: DecodeStatus) -> int | None:
-        """Where the held ids' last 3 tokens with text begin (the ones that can hold an unfinished character's
-        start) when more are held, else None. A token whose text alone is empty (a skipped special token) carries no
-        byte and does not count: a character's bytes may sit on both sides of it."""
+        """Where the held ids' last 3 tokens with text begin when more are held, else None (a token whose text
+        alone is empty carries no byte and does not count)."""
         with_text = 0
         for i in range(len(s.decoded_ids) - 1, s.read_offset - 1, -1):
             key = (s.decoded_ids[i], s.skip_special_tokens)
@@ -110,7 +104,6 @@ class DetokenizeManager:
 
     @staticmethod
     def _commit_text(s: DecodeStatus, text: str, read_offset: int) -> None:
-        """Commit ``text``, the window's text up to ``read_offset``; the next window starts where this one read."""
         s.decoded_str += text
         s.surr_offset = s.read_offset
         s.read_offset = read_offset

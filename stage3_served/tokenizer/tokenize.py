@@ -18,7 +18,7 @@ class TokenizeManager:
         return [self.tokenize_one(msg.text) for msg in msgs]
 
     def tokenize_one(self, text: str | List[Dict[str, str]] | List[int]) -> torch.Tensor:
-        """Host 1-D int32 ids. Raises ValueError for input that cannot become a prompt."""
+        """Host 1-D int32 ids; ValueError for input that cannot become a prompt."""
         if isinstance(text, str):
             # a raw prompt is encoded as transformers does by default (the tokenizer's own special tokens)
             ids = self.tokenizer.encode(text)
@@ -26,8 +26,7 @@ class TokenizeManager:
             if not self.tokenizer.chat_template:
                 raise ValueError("this model has no chat template; use /v1/completions with a raw prompt")
             prompt = self.tokenizer.apply_chat_template(text, tokenize=False, add_generation_prompt=True)
-            # The template already wrote every special token the model expects (BOS included). Upstream encoded
-            # the rendered text with special tokens on, which puts a second BOS in front on Llama 3.
+            # the template wrote the special tokens (upstream's encode added a second BOS on Llama 3)
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         elif text and all(isinstance(t, int) and not isinstance(t, bool) for t in text):
             ids = list(text)

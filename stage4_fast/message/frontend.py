@@ -37,7 +37,6 @@ class UserReply(BaseFrontendMsg):
     prompt_text: str | None = None
 
     def followed_by(self, later: UserReply) -> UserReply:
-        """This reply and the next of the same request as one (replies that queued up leave as one chunk)."""
         return UserReply(
             uid=self.uid,
             incremental_output=self.incremental_output + later.incremental_output,

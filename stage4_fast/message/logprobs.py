@@ -8,9 +8,8 @@ from typing import List
 
 @dataclass
 class TokenLogprobs:
-    """A run of tokens with, at each position, the token's logprob and the most likely tokens' (scheduler ->
-    detokenizer). An echoed prompt's first token has logprob None (nothing predicts it), as do all of its tokens
-    when the request asked for the prompt's ids without logprobs."""
+    """Tokens with their logprobs and the most likely tokens' (scheduler -> detokenizer); an echoed prompt's first
+    token has logprob None (nothing predicts it)."""
 
     token_ids: List[int] = field(default_factory=list)
     logprobs: List[float | None] = field(default_factory=list)

@@ -26,15 +26,13 @@ class DetokenizeMsg(BaseTokenizerMsg):
     uid: int
     next_token: int
     finished: bool
-    # Not upstream: a request the scheduler rejects (prompt too long, can never fit) or aborts gets one final
-    # message with the reason here and next_token == -1, instead of no reply at all (upstream bug 6).
+    # not upstream: a rejected or aborted request gets one final message with the reason and next_token == -1
     error: str | None = None
     # Stage 3: why a request ended and what its prompt cost, for the API's finish_reason and usage
     finish_reason: str = ""  # on the last message: "stop" (EOS / a stop token), "length", "abort" or "error"
     prompt_tokens: int = 0  # on the first token's message: the prompt's length ...
     cached_tokens: int = 0  # ... and how much of it the prefix cache served
-    # the request's SamplingParams.skip_special_tokens, on every token's message (the detokenizer keeps no
-    # per-request settings of its own; SGLang's scheduler sends it along every step too)
+    # on every token's message: the detokenizer keeps no per-request settings (as SGLang)
     skip_special_tokens: bool = True
     # next_token's logprobs (when asked); an echo request's first message also has the prompt's ids (and logprobs)
     logprobs: TokenLogprobs | None = None
@@ -43,10 +41,8 @@ class DetokenizeMsg(BaseTokenizerMsg):
 
 @dataclass
 class TokenColumnsMsg(BaseTokenizerMsg):
-    """One step's tokens of the running requests that have nothing else to report (not the first token, not the
-    last, no logprobs) as three columns: row i stands for ``DetokenizeMsg(uids[i], tokens[i], False,
-    skip_special_tokens=skip_special_tokens[i])``. Three lists are what msgpack packs in C, where a message per
-    request costs the scheduler a Python object each step. Readers take ``rows()``."""
+    """One step's plain tokens (not first, not last, no logprobs) as three columns, which msgpack packs in C: row i
+    is ``DetokenizeMsg(uids[i], tokens[i], False, skip_special_tokens=skip_special_tokens[i])``."""
 
     uids: List[int]
     tokens: List[int]
@@ -58,8 +54,7 @@ class TokenColumnsMsg(BaseTokenizerMsg):
 
 
 def expand_columns(msgs: List[BaseTokenizerMsg]) -> List[BaseTokenizerMsg]:
-    """``msgs`` with every ``TokenColumnsMsg`` replaced by its rows, in their place (``msgs`` itself when it has
-    none)."""
+    """``msgs`` with every ``TokenColumnsMsg`` replaced by its rows, in their place."""
     if not any(isinstance(m, TokenColumnsMsg) for m in msgs):
         return msgs
     out: List[BaseTokenizerMsg] = []
@@ -74,8 +69,7 @@ def expand_columns(msgs: List[BaseTokenizerMsg]) -> List[BaseTokenizerMsg]:
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     uid: int
-    # raw prompt, chat messages ({"role", "content"}, an assistant's "tool_calls", a tool's "tool_call_id"; for
-    # the model's chat template) or token ids
+    # raw prompt, chat messages (an assistant's "tool_calls", a tool's "tool_call_id") or token ids
     text: str | List[Dict[str, Any]] | List[int]
     sampling_params: SamplingParams
     # the chat template's options (add_generation_prompt, continue_final_message, the client's variables)
@@ -89,8 +83,7 @@ class AbortMsg(BaseTokenizerMsg):
 
 @dataclass
 class StatsQueryMsg(BaseTokenizerMsg):
-    """The API asks for the scheduler's pool / cache / queue figures (not upstream: /v1/stats and tests read them).
-    It travels the requests' own path, so it also proves every worker is alive."""
+    """Asks for the scheduler's figures (/v1/stats) along the requests' path, so it also proves every worker alive."""
 
     uid: int
 

@@ -1,16 +1,11 @@
 """Explicit serialization of the IPC messages: dataclass <-> plain dict (msgpack-ready).
 
-A message becomes ``{"__type__": ClassName, field: value, ...}``, recursively; a tensor becomes raw bytes plus its
-dtype and shape. The ZMQ wrappers (``utils/mp.py``) msgpack the dict. Decoding looks the class name up in a map the
-message modules pass in, so only known message types can be built from the wire. A plain dict stays a dict, and
-one whose own keys include "__type__" (data a client chose) travels wrapped, ``{"__type__": "__dict__", "items":
-{...}}``, so that no key can make the receiver build a message or a tensor.
+A message becomes ``{"__type__": ClassName, field: value, ...}``; a tensor raw bytes, dtype and shape. Decoding
+builds only the classes of a map the message modules pass in; a client's dict with a "__type__" key travels wrapped
+(``"__dict__"``), so no key can make the receiver build a message or a tensor.
 
-A list of messages of one class (a step's tokens for every running request, the detokenizer's replies to them)
-travels as columns, ``{"__type__": "__columns__", "cls": ClassName, "fields": {field: [values...]}, "encoded":
-[field...]}``: one list per field instead of one dict per message, which msgpack packs in C; ``encoded`` names the
-columns whose values are not plain (nested messages, tensors), the only ones the receiver walks. The rows are then
-built positionally, in the class's field order (upstream sends one dict per message).
+A list of messages of one class travels as columns (``"__columns__"``: one list per field, which msgpack packs in C);
+``encoded`` names the columns whose values are not plain, the only ones the receiver walks.
 """
 
 from __future__ import annotations

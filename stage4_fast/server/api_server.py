@@ -1,9 +1,7 @@
-"""The HTTP API: OpenAI-compatible completions and chat completions (plain and SSE), models, health, stats, and
-upstream's /generate.
+"""The OpenAI-compatible HTTP API (plain and SSE), models, health, stats, and upstream's /generate.
 
-A request is checked before anything is sent to the workers; what only the backend can check (prompt length against
-the context and the KV pool, token ids against the vocabulary) comes back as the request's first reply, and we wait
-for that reply before answering, so even a streamed request that the scheduler refuses gets a real 4xx status.
+What only the backend can check (prompt length, token ids) comes back as the request's first reply; we wait for it
+before answering, so even a streamed request the scheduler refuses gets a real 4xx status.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ class ClientGone(Exception):
 
 def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, created: int | None = None,
                on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
-    """The app of API server process ``api_index``; ``created``: the model's /v1/models timestamp (the same in every
-    process); ``on_ready`` is awaited once the app can take requests (nothing is answered before it returns)."""
+    """``created``: the /v1/models timestamp (equal in every process); ``on_ready``: awaited before any answer."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.loop = asyncio.get_running_loop()  # the worker watchdog thread reaches the frontend through it
@@ -88,9 +85,6 @@ def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, cre
     install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
                     api_key=config.api_key is not None)
     return app
-
-
-# ---- errors ---------------------------------------------------------------------------------------------------
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -142,9 +136,6 @@ def _unavailable(reason: str) -> APIError:
     return APIError(503, reason, "server_unavailable", type="server_error")
 
 
-# ---- request -> sampling params ---------------------------------------------------------------------------------
-
-
 def _check_model(app: FastAPI, model: str | None) -> str:
     config: ServerArgs = app.state.config
     if model is not None and model not in config.model_ids:
@@ -177,17 +168,13 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, 
     )
 
 
-# ---- running a request --------------------------------------------------------------------------------------------
-
-
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (aborting the request) and raise ClientGone. (Starlette
-    cancels a streaming response itself: this covers the wait for the first reply and non-streamed requests.)"""
+    """Await ``work``, or cancel it and raise ClientGone if the client leaves first (Starlette covers streams)."""
     work_task = asyncio.ensure_future(work)
     gone_task = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -252,8 +239,7 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
                       make_chunk: Callable[[int, Delta], Dict[str, Any]],
                       usage_chunk: Callable[[List[Delta]], Dict[str, Any]] | None,
                       heads: Sequence[Dict[str, Any]] = ()) -> AsyncIterator[bytes]:
-    """``heads``, a chunk per delta that shows something (every choice's, as they come), the usage once all have
-    finished; an error after the start ends the stream with an error event (the status line is long gone)."""
+    """``heads``, a chunk per delta that shows something, the usage at the end; a later error is an error event."""
     finals: List[Delta | None] = [None] * len(streams)
     try:
         for head in heads:
@@ -280,8 +266,7 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
 
 def _with_usage_so_far(chunk: Callable[[int, Delta | None], Dict[str, Any]],
                        firsts: Sequence[Delta]) -> Callable[[int, Delta | None], Dict[str, Any]]:
-    """``chunk`` with its choice's usage so far (vLLM's continuous_usage_stats); a chat's role chunk (``d`` None)
-    counts the prompt only."""
+    """``chunk`` with its choice's usage so far (vLLM's continuous_usage_stats); ``d`` None: the role chunk."""
     def with_usage(index: int, d: Delta | None) -> Dict[str, Any]:
         first = firsts[index]
         usage = (usage_dict(first.prompt_tokens, 0, first.cached_tokens) if d is None
@@ -295,11 +280,7 @@ def _stream_response(body: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-# ---- routes ------------------------------------------------------------------------------------------------------
-
-
 def _add_routes(app: FastAPI) -> None:
-    """One function per endpoint family; /tokenize and /detokenize are in tokenize_api.py."""
     _add_status_routes(app)
     _add_completion_routes(app)
     _add_chat_routes(app)
@@ -334,7 +315,6 @@ async def _scheduler_stats(fm: FrontendManager) -> Dict[str, Any]:
 
 
 def _add_status_routes(app: FastAPI) -> None:
-    """Health, the model list, the scheduler's figures (JSON and Prometheus)."""
     @app.get("/health", responses=error_responses(503))
     async def health() -> Dict[str, str]:
         _frontend(app)
@@ -354,8 +334,7 @@ def _add_status_routes(app: FastAPI) -> None:
 
     @app.get("/v1/stats", responses=error_responses(503))
     async def stats() -> Dict[str, Any]:
-        """The scheduler's KV pool / prefix cache / queue figures (asked through the requests' pipes) and the
-        requests in flight here."""
+        """The scheduler's KV pool / prefix cache / queue figures and the requests in flight here."""
         fm = _frontend(app)
         scheduler = await _scheduler_stats(fm)
         # with several API server processes, the frontend figures are those of the one that answered
@@ -371,7 +350,6 @@ def _add_status_routes(app: FastAPI) -> None:
 
 
 def _add_completion_routes(app: FastAPI) -> None:
-    """/v1/completions and upstream's /generate."""
     @app.post("/v1/completions", responses=error_responses(404, 503, streams=True))
     async def completions(req: CompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)
@@ -383,7 +361,6 @@ def _add_completion_routes(app: FastAPI) -> None:
         logprob_builders = [CompletionLogprobs() for _ in streams]
 
         def choice(index: int, d: Delta) -> Dict[str, Any]:
-            """A choice, whole or one streamed piece; echo puts the prompt in front of the first one."""
             text, prompt_logprobs = d.text, None
             if req.echo and d.prompt_logprobs is not None:  # (only the first delta carries the prompt)
                 prompt = prompts[index // req.n]
@@ -414,8 +391,7 @@ def _add_completion_routes(app: FastAPI) -> None:
 
 
 def _add_chat_routes(app: FastAPI) -> None:
-    """/v1/chat/completions: the thinking block read out first (--reasoning-parser; SGLang's separate_reasoning
-    false keeps it in the content), then tool calls in what follows it."""
+    """/v1/chat/completions: the thinking block read out first (--reasoning-parser), then tool calls."""
     @app.post("/v1/chat/completions", responses=error_responses(404, 503, streams=True))
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         model = _check_model(app, req.model)

@@ -1,6 +1,4 @@
-"""One API request, several choices: ``n`` samples of each prompt (of /v1/completions' list of prompts). Each
-choice is an engine request, all submitted at once; the first admitted prefills the prompt, the others take it from
-the radix cache, so ``n`` samples cost one prefill.
+"""``n`` samples of each prompt, an engine request each, submitted at once (the radix cache shares the prefill).
 
 Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn with ``seed + j`` (as vLLM).
 """

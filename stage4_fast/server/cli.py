@@ -1,8 +1,7 @@
-"""The server's command line: upstream mini-sglang's flags plus the spellings a vLLM or SGLang user types, each with
-a help line and its default; mistakes end in one line ("did you mean", or why a known flag is not offered).
+"""The command line: upstream's flags plus vLLM's and SGLang's spellings; a mistake ends in one line.
 
-Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); the short forms upstream's
-users rely on (``--tp``, ``--shell``, ``--cache``) are spelled out as aliases.
+Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); upstream's short forms
+(``--tp``, ``--shell``, ``--cache``) are aliases.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ DTYPES = {"auto": None, "float16": torch.float16, "half": torch.float16, "fp16":
           "fp32": torch.float32}
 LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
-# Flags of upstream, vLLM or SGLang that this server does not offer, and why. Only consulted for a flag the parser
-# does not know, so a flag implemented later simply stops being looked up here.
+# flags of upstream, vLLM or SGLang that this server does not offer, and why (looked up for unknown flags only)
 UNSUPPORTED_FLAGS = {
     "--disable-pynccl": "this engine has no PyNCCL; all-reduce always goes through torch.distributed, as the flag "
                         "asks, so leave it out",
@@ -48,8 +46,7 @@ UNSUPPORTED_FLAGS = {
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" unless the help says it already or there is nothing to say (None, False, SUPPRESS);
-    a help that names its default itself never prints the value (--api-key's comes from the environment)."""
+    """Appends "(default: X)" unless the help names its default or there is none (None, False, SUPPRESS)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

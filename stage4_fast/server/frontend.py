@@ -40,15 +40,14 @@ class QueueFull(Exception):
 
 
 class FrontendManager:
-    """Made inside the event loop that uses it (zmq.asyncio sockets belong to a loop). API server process
-    ``api_index`` of N hands out the uids ``api_index + k * N``: the workers route a reply by ``uid % N``."""
+    """Made inside its event loop (zmq.asyncio sockets belong to a loop). Process ``api_index`` of N hands out the
+    uids ``api_index + k * N``: the workers route a reply by ``uid % N``."""
 
     def __init__(self, config: ServerArgs, metrics: ServerMetrics | None = None, api_index: int = 0) -> None:
         self.config = config
         self.metrics = metrics
         self.api_index, self.api_count = api_index, config.api_server_count
-        # requests admitted at once: the running ones plus a bounded queue (not upstream, whose queue had no end),
-        # shared out over the API server processes
+        # the running requests plus a bounded queue (not upstream), shared out over the API server processes
         self.max_requests = -(-(config.max_running_req + config.max_queued_requests) // self.api_count)
         self.num_requests = 0
         self.submit_time: Dict[int, float] = {}
@@ -80,8 +79,7 @@ class FrontendManager:
                     queue.put_nowait(reply)
 
     def _send(self, uid: int, msg: BaseTokenizerMsg) -> None:
-        # a request and its abort take the same worker, so they stay in order (upstream could reorder them);
-        # uid // api_count: this process's own uids take every worker in turn
+        # a request and its abort take the same worker, so they stay in order; uid // api_count: every worker in turn
         self.send_tokenizer[uid // self.api_count % len(self.send_tokenizer)].put_nowait(msg)
 
     def _new_uid(self) -> int:
@@ -113,15 +111,12 @@ class FrontendManager:
         return uid
 
     async def replies(self, uid: int, keep_apart_after: int = 0) -> AsyncIterator[UserReply]:
-        """The request's replies up to the finished one. However the consumer stops (done, stop string, client
-        gone, cancelled), the entry is removed; a request that did not finish is aborted in the backend.
-        (Upstream removed entries only when its own loop ended, which its callers never let happen.)
+        """The request's replies up to the finished one. However the consumer stops, the entry is removed and an
+        unfinished request aborted (upstream leaked entries).
 
-        Replies that queued up while this request's consumer waited for its turn are merged into one (not upstream;
-        vLLM's output collector does the same): a loaded server then writes one chunk per request per turn instead
-        of one per token, which is what its event loop can keep up with; an idle one still streams every token.
-        ``keep_apart_after`` (> 0): the replies up to that many completion tokens are not merged with later ones (the
-        stop strings of a request with min_tokens count only in the text after them)."""
+        Replies that queued up while the consumer waited are merged into one (as vLLM's output collector): a loaded
+        server writes one chunk per request per turn. ``keep_apart_after``: replies up to that many completion
+        tokens are not merged with later ones (min_tokens' stop strings count only after them)."""
         queue = self.ack_map[uid]
         finished = backend_gone = False
         last = started = self.submit_time.get(uid)
@@ -165,8 +160,7 @@ class FrontendManager:
                 self.request_log.ended(uid, final, finished, backend_gone, time.perf_counter() - started)
 
     def abandon(self, uid: int) -> None:
-        """A submitted request whose replies were never read (its handler failed, or its client left, first):
-        removed and aborted, as ``replies`` does when its reader stops."""
+        """A submitted request whose replies were never read: removed and aborted."""
         started = self.submit_time.get(uid)
         if uid not in self.ack_map:
             return

@@ -1,18 +1,11 @@
 """Start the worker processes, wait until each is ready, serve, and take everything down on the way out.
 
-Processes: this one (API server or shell) -> tokenizer worker(s) -> scheduler rank 0 (-> ranks 1..tp-1) ->
-detokenizer -> this one. With ``--num-tokenizer 0`` (default) one worker both tokenizes and detokenizes. With
+Processes: this one -> tokenizer worker(s) -> scheduler ranks -> detokenizer -> this one. With
 ``--api-server-count N`` (N > 1) N API server processes serve the port and this one only watches.
 
-Lifecycle rules (upstream had none of them):
-* ready means every worker acknowledged (the HTTP port answers only then; with ``--api-server-count N`` only once
-  all N API server processes did);
-* Ctrl-C / SIGTERM stop all workers: they ignore SIGINT (a terminal sends it to the whole process group; the
-  parent alone decides), get SIGTERM, and are killed if they linger; workers also die with a SIGKILLed parent;
-* a worker that dies brings the server down with a message naming it, instead of leaving clients hanging.
-
-With ``--nnodes N`` this runs on every machine: node 0 as above with its share of the ranks, the other nodes only
-their ranks (``nodes.py`` says how the machines learn that one of them is gone).
+Lifecycle (not upstream): ready means every worker acknowledged; Ctrl-C / SIGTERM stop all workers (they ignore
+SIGINT, get SIGTERM, are killed if they linger, die with a SIGKILLed parent); a dead worker brings the server down
+with a message naming it. With ``--nnodes N`` nodes other than 0 run only their ranks (``nodes.py``).
 """
 
 from __future__ import annotations
@@ -114,11 +107,10 @@ class WorkerSet:
         self.procs: List[mp.process.BaseProcess] = []
         self.stopping = False
         self.metrics_dir: str | None = None  # the API server processes' Prometheus files (start_api_servers)
-        # set once every API server process acked and the watchdog runs; until then none of them answers, so a
-        # /health that answers means the whole server is up (start_api_servers, _watch_api_servers)
+        # set once every API server process acked: until then none answers, so a /health answer means all are up
         self.serving = self.ctx.Event()
         self.link: NodeLink | None = None
-        # the node link reports a lost machine through this pipe, which the watchdog waits on with the processes
+        # the node link reports a lost machine through this pipe, which the watchdog waits on
         self._link_reader, self._link_writer = mp.Pipe(duplex=False)
         if config.nnodes > 1:
             host, port = config.node_link_addr
@@ -127,7 +119,6 @@ class WorkerSet:
 
     @property
     def serves(self) -> bool:
-        """Node 0 serves the API and runs the tokenizer/detokenizer; the other nodes run TP ranks only."""
         return self.config.node_rank == 0
 
     def start(self) -> None:
@@ -139,8 +130,7 @@ class WorkerSet:
         for rank in c.local_tp_ranks:
             rank_config = replace(c, tp_info=DistributedInfo(rank, tp))
             targets.append((f"minisgl-TP{rank}-scheduler", _run_scheduler, (rank_config, self.ack_queue, pid)))
-        common = dict(tokenizer_path=c.model_path, backend_addr=c.zmq_backend_addr,
-                      frontend_addrs=c.zmq_frontend_addrs)
+        common = dict(tokenizer_path=c.model_path, backend_addr=c.zmq_backend_addr, frontend_addrs=c.zmq_frontend_addrs)
         detok = dict(common, addr=c.zmq_detokenizer_addr, create=c.share_tokenizer, local_bs=64,
                      tokenizer_id=c.num_tokenizer)
         role = "tokenizer+detokenizer" if c.share_tokenizer else "detokenizer"  # the process title
@@ -164,9 +154,8 @@ class WorkerSet:
             signal.signal(signal.SIGINT, previous)
 
     def start_api_servers(self, info: dict, listener: socket.socket) -> None:
-        """``--api-server-count N``: start the N API server processes once the workers are ready, and wait until
-        each can take requests. Process 0 takes ``listener`` (bound at start-up), the others sockets of their own
-        on the same port (SO_REUSEPORT). Their Prometheus figures go to a directory removed in ``stop``."""
+        """Start the N API server processes and wait until each is ready; process 0 takes ``listener``, the others
+        sockets of their own on the same port (SO_REUSEPORT)."""
         c = self.config
         share_port(listener)
         self.metrics_dir = tempfile.mkdtemp(prefix=f"minisgl_metrics{c._unique_suffix}.")  # (named as the ipc files)
@@ -207,8 +196,7 @@ class WorkerSet:
         return info
 
     def watch(self, on_death: Callable[[str], None]) -> None:
-        """Call ``on_death(message)`` (from a thread) when a worker exits, or another machine is lost, while we are
-        not stopping."""
+        """Call ``on_death(message)`` (from a thread) when a worker exits or a machine is lost, unless stopping."""
 
         def run() -> None:
             sentinels = {p.sentinel: p for p in self.procs}
@@ -235,7 +223,6 @@ class WorkerSet:
             if proc.is_alive():
                 proc.terminate()  # SIGTERM
         # one deadline for them all: they stop side by side, so a slow one must not add its wait to the next's
-        # (joined one after another at STOP_TIMEOUT_S each, four workers could hold the launcher 40 s)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -279,7 +266,6 @@ def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
 
 def launch_server(run_shell: bool = False, argv: List[str] | None = None,
                   announce: Callable[[ServerArgs], str] | None = None) -> None:
-    """`announce(config)`, when given, is printed once the checks have passed (a summary of the configuration)."""
     config, shell = parse_args(sys.argv[1:] if argv is None else argv, run_shell)
     listener = _reserve_ports(config, shell)
     logging.basicConfig(level=config.effective_log_level.upper(), format="[%(asctime)s] %(levelname)s %(message)s")
@@ -310,8 +296,7 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         workers.stop()
     if workers.link is not None:
-        # the node link's watcher threads sit in a gloo receive, which interpreter teardown can abort (SIGABRT);
-        # the cleanup above is done, so leave without that teardown
+        # the node link's threads sit in a gloo receive that interpreter teardown can abort (SIGABRT): skip it
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -334,10 +319,8 @@ def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
 def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: int | None = None,
                  on_ready: Callable[[], None] | None = None, serving: Any = None,
                  follow_launcher: bool = False) -> Tuple[Any, Callable[[str], None]]:
-    """uvicorn with this process's app, and its ``end_requests(reason)``. ``follow_launcher``: an API server process
-    of ``--api-server-count``, which leaves Ctrl-C to the launcher (it stops when the launcher sends SIGTERM).
-    ``on_ready`` runs once the app can take requests; with ``serving`` (an event) the sockets open only once it is
-    set."""
+    """uvicorn with this process's app, and its ``end_requests(reason)``. ``follow_launcher``: leave Ctrl-C to the
+    launcher; with ``serving`` (an event) the sockets open only once it is set."""
     import uvicorn
 
     from .api_server import BackendInfo, create_app
@@ -362,8 +345,7 @@ def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: in
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            # uvicorn would re-raise the signal after its shutdown, inside the event loop, which cuts the app's
-            # own shutdown short; we stop the same way without the replay (a second Ctrl-C still forces it)
+            # uvicorn would re-raise the signal inside the event loop, cutting the app's shutdown short
             if follow_launcher and sig == signal.SIGINT:
                 return  # a terminal sends it to the whole process group; the launcher decides
             if self.should_exit and sig == signal.SIGINT:
@@ -397,8 +379,7 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
 
 
 def _watch_api_servers(config: ServerArgs, info: dict, workers: WorkerSet, listener: socket.socket) -> int:
-    """``--api-server-count N``: N processes serve; this one waits until a process exits (a worker or an API
-    server: the watchdog logs which) or Ctrl-C / SIGTERM, then ``launch_server`` stops them all."""
+    """``--api-server-count N``: wait until a process exits or Ctrl-C / SIGTERM; ``launch_server`` stops them all."""
     workers.start_api_servers(info, listener)
     listener.close()  # API server 0 holds it now
     ended: queue.Queue[str] = queue.Queue()
@@ -412,11 +393,9 @@ def _watch_api_servers(config: ServerArgs, info: dict, workers: WorkerSet, liste
 
 def _run_api_server(config: ServerArgs, info: dict, index: int, listener: socket.socket | None, created: int,
                     metrics_dir: str, ack_queue: Any, serving: Any, parent_pid: int) -> None:
-    """API server process ``index`` of ``--api-server-count``."""
     _worker_setup(parent_pid, config.effective_log_level, f"api_server_{index}")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # before prometheus_client is imported (metrics.py)
-    sock = listener if listener is not None else bind_listener(config.server_host, config.server_port,
-                                                               reuse_port=True)
+    sock = listener if listener is not None else bind_listener(config.server_host, config.server_port, reuse_port=True)
     server, _ = _http_server(config, info, index, created, follow_launcher=True, serving=serving,
                              on_ready=lambda: ack_queue.put({"name": f"api_server_{index}"}))
     freeze_startup_heap()

@@ -1,5 +1,4 @@
-"""Logprobs in OpenAI's two shapes: the legacy one of /v1/completions (parallel lists, ``top_logprobs`` as
-{token: logprob} dicts, ``text_offset``) and chat's (``{"content": [{token, logprob, bytes, top_logprobs}]}``)."""
+"""Logprobs in OpenAI's two shapes: the legacy one of /v1/completions (parallel lists) and chat's."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ def _top_dict(tokens: List[str], values: List[float]) -> Dict[str, float]:
 
 
 class CompletionLogprobs:
-    """The legacy shape, one run of tokens at a time; ``text_offset`` counts characters from the start of the
-    choice's text, echoed prompt included."""
+    """The legacy shape, one run at a time; ``text_offset`` counts from the choice's start, echoed prompt included."""
 
     def __init__(self) -> None:
         self.offset = 0
@@ -27,8 +25,7 @@ class CompletionLogprobs:
         for run in runs:
             if run is None:
                 continue
-            for token, value, top_tokens, top_values in zip(run.tokens, run.logprobs, run.top_tokens,
-                                                            run.top_logprobs):
+            for token, value, top_tokens, top_values in zip(run.tokens, run.logprobs, run.top_tokens, run.top_logprobs):
                 out["tokens"].append(token)
                 out["token_logprobs"].append(value)
                 # the echoed prompt's first token: nothing predicts it, so no logprob and no alternatives

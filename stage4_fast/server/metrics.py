@@ -1,12 +1,8 @@
 """Prometheus figures of the API server (GET /metrics, text format).
 
-Counters and histograms are updated as requests pass; the gauges (queue, running requests, KV pages) are read from
-the scheduler's stats at scrape time, so they are never stale. Each app has its own registry: several servers in
-one process (tests) do not collide.
-
-With several API server processes (``--api-server-count``) each writes its figures to files in a directory the
-launcher owns (prometheus_client's multiprocess mode, as vLLM does), and whichever process a scrape reaches sums the
-counters and histograms of all of them; the scheduler's gauges are the latest read, the in-flight gauge the sum.
+The gauges are read from the scheduler's stats at scrape time; each app has its own registry (tests run several).
+With ``--api-server-count`` > 1 each process writes files to a launcher-owned directory (prometheus_client's
+multiprocess mode) and a scrape sums them all.
 """
 
 from __future__ import annotations
@@ -53,8 +49,7 @@ class ServerMetrics:
                               buckets=_TTFT_BUCKETS, registry=r)
         self.itl = Histogram("minisgl_inter_token_latency_seconds", "between two replies of a request",
                              buckets=_ITL_BUCKETS, registry=r)
-        self.rejected = Counter("minisgl_rejected_requests", "requests refused because the queue was full",
-                                registry=r)
+        self.rejected = Counter("minisgl_rejected_requests", "requests refused because the queue was full", registry=r)
         self.queue = gauge("minisgl_num_queued_requests", "requests waiting for prefill")
         self.running = gauge("minisgl_num_running_requests", "requests decoding")
         # kept current by the FrontendManager, so that a scrape of one process can sum the live ones

@@ -1,14 +1,9 @@
 """One model over several machines: how the machines' launchers learn that another one is gone.
 
-With ``--nnodes N`` every machine runs the same command with its own ``--node-rank``. Node 0 runs the API server,
-the tokenizer/detokenizer and its TP ranks; the other nodes run only their ranks, which rendezvous with node 0's at
-``--dist-init-addr`` and read rank 0's per-step broadcast (``scheduler/io.py``) over TCP.
-
-An idle server runs no collective, so the ranks would not notice a lost machine. The launchers form a gloo group of
-their own (store on node 0 at PORT+2); each posts a receive that completes only when a peer leaves (node 0 one per
-other node, the others one from node 0): a word from a peer that stops cleanly, an error ("Connection closed by
-peer") from one that died. Either way the survivor stops: node 0 takes the server down naming the node, the others
-stop their ranks. A machine that vanishes without closing its sockets is left to the ranks' collective timeout.
+An idle server runs no collective, so the ranks would not notice a lost machine. The launchers form a gloo group
+(store on node 0 at PORT+2); each posts a receive that completes only when a peer leaves: a word from one that stops
+cleanly, an error from one that died; the survivor stops too. A machine that vanishes without closing its sockets is
+left to the ranks' collective timeout.
 """
 
 from __future__ import annotations

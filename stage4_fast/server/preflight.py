@@ -1,8 +1,6 @@
-"""Start-up checks (not upstream): what can be known before the model loads is checked first, so a mistake costs
-seconds and one line, not a model load and a traceback.
+"""Start-up checks (not upstream), before the model loads: a mistake costs one line, not a load and a traceback.
 
-The HTTP port is bound here and the socket handed to uvicorn once the workers are ready: nothing can take the port
-in between, and until then connections are refused.
+The port is bound here and handed to uvicorn once the workers are ready, so nothing can take it in between.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer
 
 
 class StartupError(Exception):
-    """A one-line reason the server cannot start."""
+    pass
 
 
 def _first_line(exc: BaseException) -> str:
@@ -58,8 +56,7 @@ def _address(host: str, port: int) -> tuple:
 
 
 def bind_listener(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A socket bound to (host, port), not yet listening; uvicorn listens on it once the server is ready.
-    ``reuse_port``: join the sockets of the other API server processes on that port (``share_port``)."""
+    """A socket bound to (host, port), not yet listening; ``reuse_port``: share it with the other API servers."""
     family, kind, proto, _, addr = _address(host, port)
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart is not blocked by TIME_WAIT
@@ -75,8 +72,8 @@ def bind_listener(host: str, port: int, reuse_port: bool = False) -> socket.sock
 
 
 def share_port(sock: socket.socket) -> None:
-    """Let other sockets of this user bind the port of ``sock`` (bound without the option, so the port was checked
-    free) with ``reuse_port``: once they listen, Linux hashes each new connection to one of them."""
+    """Let other sockets bind the port of ``sock`` (bound without the option: checked free); Linux spreads the
+    connections over them."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 
 

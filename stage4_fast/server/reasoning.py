@@ -1,13 +1,8 @@
-"""A thinking model's ``<think>...</think>`` block read out of the output into ``reasoning_content``
-(``--reasoning-parser``, vLLM's and SGLang's flag and field).
+"""A thinking model's ``<think>...</think>`` block read out into ``reasoning_content`` (``--reasoning-parser``).
 
-- ``qwen3``: the model writes the block when it thinks; an output that does not start with ``<think>`` (e.g.
-  ``chat_template_kwargs: {"enable_thinking": false}``) is all content.
-- ``deepseek-r1`` (vLLM: ``deepseek_r1``): the template opens the block in the prompt, so the output starts inside
-  it (a ``<think>`` the model writes anyway is dropped).
-
-The block runs to ``</think>`` or to the end of an output cut short (all reasoning then: a stream cannot take back
-what it sent); what follows is the content, where tool calls are read.
+``qwen3``: an output that does not start with ``<think>`` is all content. ``deepseek-r1``: the template opens the
+block in the prompt (a ``<think>`` the model writes anyway is dropped). The block runs to ``</think>`` or to the end
+of an output cut short (a stream cannot take back what it sent).
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ START, END = "<think>", "</think>"
 
 @dataclass
 class ReasoningStream:
-    """One choice's text, piece by piece: (reasoning, content) to show now; ``stream_reasoning`` false (SGLang's)
-    sends the reasoning whole when the block ends."""
+    """One choice's text, piece by piece; ``stream_reasoning`` false sends the reasoning whole when the block ends."""
 
     parser: str
     stream_reasoning: bool = True
@@ -33,11 +27,9 @@ class ReasoningStream:
     held: List[str] = field(default_factory=list)  # reasoning kept back (stream_reasoning false)
 
     def __post_init__(self) -> None:
-        if self.parser != "qwen3":
+        self._drop_start = self.parser != "qwen3"  # deepseek-r1: a <think> the model writes anyway
+        if self._drop_start:
             self.state = "inside"
-            self._drop_start = True  # deepseek-r1: a <think> the model writes anyway
-        else:
-            self._drop_start = False
 
     def feed(self, piece: str, final: bool = False) -> Tuple[str, str]:
         text, reasoning, content = self.pending + piece, "", ""

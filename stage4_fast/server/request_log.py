@@ -1,6 +1,4 @@
-"""``--enable-log-requests`` (vLLM's flag; SGLang's ``--log-requests``): a log line when a request is submitted
-(its prompt cut to ``--max-log-len``, the sampling parameters it changed) and one when it ends (how, its tokens, its
-time). Off by default, as in both: it is for debugging, not for a busy server."""
+"""``--enable-log-requests``: a log line when a request is submitted and one when it ends (for debugging)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ class RequestLog:
     max_len: int | None = None  # prompt characters or token ids shown (None: all of it)
 
     def shown_prompt(self, prompt: Any) -> str:
-        """Text (quoted) and token ids cut to ``max_len`` characters or ids; a chat's messages as their repr, cut
-        to ``max_len`` characters."""
+        """Text (quoted) or token ids cut to ``max_len``; a chat's messages as their repr, cut alike."""
         if isinstance(prompt, str) or all(type(t) is int for t in prompt):
             head = prompt[: self.max_len]
             return repr(head) + (f" (+{len(prompt) - len(head)} more)" if len(head) < len(prompt) else "")
@@ -46,8 +43,7 @@ class RequestLog:
                     self.shown_prompt(prompt), changed_fields(sampling_params))
 
     def ended(self, uid: int, last: UserReply | None, finished: bool, backend_gone: bool, seconds: float) -> None:
-        """``last``: the request's last reply, if any; ``finished``: it was the finishing one; ``backend_gone``: the
-        server lost a worker or is shutting down."""
+        """``finished``: ``last`` was the finishing reply; ``backend_gone``: a worker was lost or the server stops."""
         tokens = f"{last.prompt_tokens} prompt + {last.completion_tokens} completion tokens" if last else "no tokens"
         if backend_gone:
             logger.info("request %d failed after %.3f s: the backend is gone (%s)", uid, seconds, tokens)

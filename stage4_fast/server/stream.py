@@ -7,12 +7,12 @@ from typing import Any, AsyncGenerator, Dict, List
 
 from ..message import TextLogprobs
 from .frontend import FrontendManager, RequestRejected
+from .tags import tag_start_len
 
 
 class StopStringMatcher:
-    """Cuts a text stream before the first occurrence of any stop string, wherever the chunks split: a chunk's
-    tail that could start a stop string is held back until the next chunk decides. ``keep_stop`` keeps the stop
-    string (vLLM's include_stop_str_in_output)."""
+    """Cuts a text stream before the first stop string, wherever the chunks split (a tail that could start one is
+    held back). ``keep_stop``: vLLM's include_stop_str_in_output."""
 
     def __init__(self, stops: List[str], keep_stop: bool = False) -> None:
         self.stops = [s for s in stops if s]
@@ -22,9 +22,8 @@ class StopStringMatcher:
         self.overlap = max(map(len, self.stops), default=1) - 1  # the most of a stop string that text can end with
 
     def feed(self, text: str, armed: bool = True) -> tuple[str, bool]:
-        """Returns (text safe to emit, whether a stop string was hit). Text fed while not ``armed`` (the output is
-        shorter than min_tokens) ends no stop string; its tail may still start one that ends in armed text (vLLM's
-        window: a stop string counts when it ends in text that came after min_tokens)."""
+        """(text safe to emit, whether a stop string was hit). A stop string counts only if it ends in ``armed``
+        text (after min_tokens, as vLLM)."""
         if not self.stops:
             return text, False
         buf, unarmed = self.held + text, self.held_unarmed
@@ -32,19 +31,13 @@ class StopStringMatcher:
             keep = min(len(buf), self.overlap)
             self.held, self.held_unarmed = buf[len(buf) - keep :], keep
             return buf[: len(buf) - keep], False
-        # the stop string that completes first wins (as when checking after every token); on a tie the longer one.
-        # One that ends in held text from before min_tokens does not count.
+        # the stop string that completes first wins (as when checking after every token); on a tie the longer one
         hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s, max(0, unarmed - len(s) + 1))) >= 0]
         if hits:
             self.held, self.held_unarmed = "", 0
             end, start = min(hits)
             return buf[: end if self.keep_stop else start], True
-        keep = 0
-        for s in self.stops:  # the longest suffix of buf that is a proper prefix of some stop string
-            for k in range(min(len(s) - 1, len(buf)), keep, -1):
-                if buf.endswith(s[:k]):
-                    keep = k
-                    break
+        keep = max(tag_start_len(buf, s) for s in self.stops)  # the longest tail that could start a stop string
         self.held, self.held_unarmed = buf[len(buf) - keep :], max(0, unarmed - (len(buf) - keep))
         return buf[: len(buf) - keep], False
 
@@ -67,10 +60,8 @@ class Delta:
 
 
 class DeltaStream:
-    """One request's deltas, an async iterator. The request is submitted when the stream is made, in the handler's
-    own step: submitted later from a task, it would wait behind every turn of a busy event loop, and a burst's
-    requests would reach the scheduler only after the API server had taken in all the others. Closing a stream
-    aborts its request if it has not finished, read or not."""
+    """One request's deltas, an async iterator. The request is submitted in the handler's own step (from a task it
+    would wait behind every turn of a busy loop); closing the stream aborts an unfinished request."""
 
     def __init__(self, frontend: FrontendManager, uid: int, deltas: AsyncGenerator[Delta, None]) -> None:
         self.frontend, self.uid, self._deltas = frontend, uid, deltas
@@ -95,10 +86,8 @@ def generate_deltas(
     chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
     user: str | None = None,
 ) -> DeltaStream:
-    """Submit the request now; its stream gives a Delta per reply (text may be empty), the last with its finish
-    reason; stopping early aborts the request (``FrontendManager.replies``). ``chat_options``: the chat template's
-    (``TokenizeMsg``); ``keep_stop``: the text ends with the stop string that ended it; ``min_tokens``: no stop
-    string ends in the first min_tokens tokens' text; ``user``: the end-user id, for the request log."""
+    """Submit the request now; its stream gives a Delta per reply, the last with its finish reason. ``user``: the
+    end-user id, for the request log."""
     uid = frontend.submit(prompt, sampling_params, chat_options, user)
     return DeltaStream(frontend, uid, _deltas(frontend, uid, StopStringMatcher(stops, keep_stop), min_tokens))
 

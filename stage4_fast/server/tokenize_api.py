@@ -1,8 +1,5 @@
-"""vLLM's ``/tokenize`` and ``/detokenize``: the model's tokenizer without the engine.
-
-The API server process loads a tokenizer of its own at the first call (off the event loop) and renders chat
-messages with the worker's ``TokenizeManager``, so the count is the one ``/v1/chat/completions`` would run.
-"""
+"""vLLM's ``/tokenize`` and ``/detokenize``: a tokenizer loaded at the first call, chats rendered by the worker's
+``TokenizeManager`` (the count ``/v1/chat/completions`` would run)."""
 
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 
 async def _manager(app: FastAPI) -> Any:
-    """The TokenizeManager of this API server process, loaded at the first call."""
     async with app.state.tokenizer_lock:
         if app.state.tokenize_manager is None:
             from ..tokenizer.tokenize import TokenizeManager

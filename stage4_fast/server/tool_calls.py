@@ -1,12 +1,8 @@
 """Tool calls: the model's output read back as OpenAI ``tool_calls``.
 
-- ``tool_choice: "auto"``: the model is free; ``--tool-call-parser`` finds Hermes' (Qwen2.5's, Qwen3's)
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in its text; the rest is the content.
-- ``"required"`` or a named tool: the output is held to JSON by a schema (vLLM's way): a list of
-  ``{"name", "arguments"}`` objects, or the named tool's arguments.
-
-A stream sends each parsed call once its block is complete, whole; a named tool's arguments, which are the output
-itself, stream as they come (the first delta names the call).
+``"auto"``: ``--tool-call-parser`` finds Hermes' ``<tool_call>{...}</tool_call>`` blocks; ``"required"`` or a named
+tool: a schema holds the output to JSON (vLLM's way). A stream sends each call once complete; a named tool's
+arguments stream as they come.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ def new_call(name: str, arguments: str) -> Dict[str, Any]:
 
 
 def _block_call(block: str) -> Dict[str, Any] | None:
-    """A call from the text between the tags; None when it is not one (then it stays text)."""
     try:
         data = json.loads(block)
     except json.JSONDecodeError:
@@ -96,8 +91,7 @@ def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool 
 
 
 def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
-    """The calls of an output held to ``forced_schema``: a named tool's, whatever the output holds (finish_reason
-    says length when it was cut short); a list cut short does not parse and gives none."""
+    """The calls of an output held to ``forced_schema`` (a list cut short does not parse and gives none)."""
     if name is not None:
         return [new_call(name, text)]
     try:
@@ -111,9 +105,8 @@ def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
 
 
 class ToolCallReader:
-    """A chat request's choices read for tool calls, ``"auto"`` (Hermes) or ``"forced"`` (required, or the named
-    tool ``name``); streamed choices keep their state here. Without ``parallel`` a choice's first call is its only
-    one (vLLM drops the parser's later ones; a forced list's schema allows one)."""
+    """A chat request's choices read for tool calls, ``"auto"`` (Hermes) or ``"forced"``; streamed choices keep
+    their state here. Without ``parallel`` a choice's first call is its only one (as vLLM)."""
 
     def __init__(self, mode: str, name: str | None = None, parallel: bool = True) -> None:
         self.mode, self.name, self.parallel = mode, name, parallel
@@ -131,8 +124,7 @@ class ToolCallReader:
             content = "" if calls else text
         return (content or None, calls, "tool_calls" if calls and finish == "stop" else finish)
 
-    def piece(self, index: int, text: str, finish: str | None
-              ) -> Tuple[str, List[Dict[str, Any]], str | None]:
+    def piece(self, index: int, text: str, finish: str | None) -> Tuple[str, List[Dict[str, Any]], str | None]:
         """A streamed delta of choice ``index``: (content to show, new calls with their ``index``, finish_reason)."""
         if self.mode == "auto":
             content, calls = self.streams.setdefault(index, HermesStream()).feed(text, final=finish is not None)
@@ -158,8 +150,7 @@ class ToolCallReader:
 
 def tool_call_reader(req: ChatCompletionRequest, parser: str | None
                      ) -> Tuple[ToolCallReader | None, Dict[str, str] | None]:
-    """How a chat request's choices are read for tool calls (None: not at all) and the grammar a forced call needs
-    (None: the request's own structured output); ``parser``: --tool-call-parser."""
+    """The request's tool call reader (None: none) and the grammar a forced call needs (None: the request's own)."""
     mode = req.effective_tool_choice()
     if mode == "none":
         return None, None

@@ -1,16 +1,11 @@
 """Token ids -> text, incrementally per request, never cutting a multi-byte character.
 
-Byte-level BPE splits an emoji or a CJK character across several tokens, and decoding the tokens seen so far then
-ends in U+FFFD. We decode a window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:
-read_offset]`` only when it does not end in U+FFFD; the window's left context keeps tokenizers that drop a lone
-token's leading space right. The last token flushes the rest, so the stream equals decoding all ids at once.
+We decode a window ``ids[surr_offset:]`` and commit the text it adds over ``ids[surr_offset:read_offset]`` only when
+it does not end in U+FFFD; the last token flushes the rest, so the stream equals decoding all ids at once.
 
-A character is at most 4 bytes and a byte-level token carries at least one, so only the last 3 tokens can hold the
-start of a character that later tokens complete (a token whose text alone is empty, a hidden special token, carries
-none and is not counted). When more are held and the text still ends in U+FFFD (bytes that are no UTF-8, such as a
-random model's lone continuation bytes), the text of the tokens before those 3 can no longer change: it is
-committed, U+FFFD included, as decoding all ids gives it, instead of holding the stream until the request ends
-(vLLM's and SGLang's detokenizers hold it).
+A character is at most 4 bytes, so only the last 3 non-empty tokens can start one that later tokens complete; when
+more are held and the text still ends in U+FFFD (no UTF-8), the text before those 3 is committed as decoding all ids
+gives it, instead of holding the stream to the end (as vLLM and SGLang do).
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ _UNFINISHED_TOKENS = 3
 @dataclass
 class DecodeStatus:
     decoded_ids: List[int] = field(default_factory=list)
-    # text committed and not sent yet (not the whole text so far: a str attribute grown by += is copied whole at
-    # every append, a cost that grows with the output)
+    # text committed and not sent yet (a whole-text str grown by += would be copied at every append)
     unsent: str = ""
     read_offset: int = 0  # ids before this are committed
     surr_offset: int = 0  # start of the left-context window
@@ -42,9 +36,8 @@ class DecodeStatus:
 
 
 def batch_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[List[List[int]], bool], List[str]]:
-    """Decode many id lists in one call, ``(seqs, skip_special_tokens) -> texts``: a fast tokenizer's Rust
-    ``decode_batch`` when transformers' ``decode`` would add nothing to it (no clean-up of tokenization spaces), else
-    ``decode`` per list."""
+    """``(seqs, skip_special_tokens) -> texts`` in one call: the Rust ``decode_batch`` when transformers' ``decode``
+    would add nothing to it (no space clean-up), else ``decode`` per list."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if hasattr(backend, "decode_batch") and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return lambda seqs, skip: backend.decode_batch(seqs, skip_special_tokens=skip)
@@ -77,11 +70,9 @@ class DetokenizeManager:
         return self._detokenize_step([msg])[0]
 
     def _detokenize_step(self, msgs: List[DetokenizeMsg]) -> List[UserReply]:
-        """Messages of distinct requests."""
         statuses = [self._record(msg) for msg in msgs]
         pending = [(s, msg.finished) for s, msg in zip(statuses, msgs) if s.read_offset < len(s.decoded_ids)]
-        # one tokenizer call per skip_special_tokens value present (usually one): requests that hide special tokens
-        # and requests that show them, each with its two windows
+        # one tokenizer call per skip_special_tokens value present (usually one)
         for skip in (True, False):
             group = [(s, flush) for s, flush in pending if s.skip_special_tokens == skip]
             if group:
@@ -98,8 +89,7 @@ class DetokenizeManager:
                 completion_tokens=s.completion_tokens,
                 cached_tokens=s.cached_tokens,
                 error=msg.error,
-                # logprobs of every generated token, the final EOS or stop token too (it is not in the
-                # text; vLLM reports it, and lm-eval counts on one logprob per token), and the echoed prompt
+                # every generated token's logprobs, the final EOS too (lm-eval counts one per token)
                 logprobs=self._as_text(msg.logprobs) if msg.logprobs is not None else None,
                 prompt_logprobs=self._as_text(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None,
                 prompt_text=(self._decode_batch([msg.prompt_logprobs.token_ids], msg.skip_special_tokens)[0]
@@ -108,9 +98,8 @@ class DetokenizeManager:
         return replies
 
     def _commit(self, pending: List[Tuple[DecodeStatus, bool]], skip_special_tokens: bool) -> None:
-        """Decode each request's window with and without its new tokens; commit the text they add unless it ends in
-        half a character (``flush``: the request's last message commits whatever there is). A skipped special
-        token adds no text: it is committed with the next token that does."""
+        """Decode each window with and without its new tokens; commit the text they add unless it ends in half a
+        character (``flush``: the last message commits whatever there is)."""
         windows = [s.decoded_ids[s.surr_offset : s.read_offset] for s, _ in pending]
         windows += [s.decoded_ids[s.surr_offset :] for s, _ in pending]
         texts = self._decode_batch(windows, skip_special_tokens)
@@ -128,9 +117,8 @@ class DetokenizeManager:
                     self._commit_text(s, cut[len(prefix) :], end)
 
     def _unfinished_start(self, s: DecodeStatus) -> int | None:
-        """Where the held ids' last 3 tokens with text begin (the ones that can hold an unfinished character's
-        start) when more are held, else None. A token whose text alone is empty (a skipped special token) carries no
-        byte and does not count: a character's bytes may sit on both sides of it."""
+        """Where the held ids' last 3 tokens with text begin when more are held, else None (a token whose text
+        alone is empty carries no byte and does not count)."""
         with_text = 0
         for i in range(len(s.decoded_ids) - 1, s.read_offset - 1, -1):
             key = (s.decoded_ids[i], s.skip_special_tokens)
@@ -146,7 +134,6 @@ class DetokenizeManager:
 
     @staticmethod
     def _commit_text(s: DecodeStatus, text: str, read_offset: int) -> None:
-        """Commit ``text``, the window's text up to ``read_offset``; the next window starts where this one read."""
         s.unsent += text
         s.surr_offset = s.read_offset
         s.read_offset = read_offset

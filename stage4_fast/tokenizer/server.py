@@ -53,9 +53,8 @@ def tokenize_worker(
     tokenizer_id: int = -1,
     ack_queue: Any = None,
 ) -> None:
-    """Pull requests (from the API servers) and tokens (from scheduler rank 0) on ``addr``; push token ids to the
-    scheduler and text to the API server that owns the request (``uid % len(frontend_addrs)``, see
-    ``FrontendManager``). One worker may do both jobs (upstream's shared mode)."""
+    """Pull requests and tokens on ``addr``; push token ids to the scheduler and text to the API server that owns
+    the request (``uid % len(frontend_addrs)``). One worker may do both jobs (upstream's shared mode)."""
     tokenizer = load_tokenizer(tokenizer_path)
     tokenize_manager = TokenizeManager(tokenizer)
     detokenize_manager = DetokenizeManager(tokenizer)
@@ -83,7 +82,6 @@ def tokenize_worker(
 
 
 def _by_api_server(replies: List[BaseFrontendMsg], count: int) -> List[Tuple[int, List[BaseFrontendMsg]]]:
-    """(API server index, its replies in order) for each API server that has any."""
     if count == 1:
         return [(0, replies)] if replies else []
     groups: Dict[int, List[BaseFrontendMsg]] = {}

@@ -19,8 +19,7 @@ class TokenizeManager:
 
     def tokenize_one(self, text: str | List[Dict[str, Any]] | List[int],
                      chat_options: Dict[str, Any] | None = None) -> torch.Tensor:
-        """Host 1-D int32 ids. Raises ValueError for input that cannot become a prompt. ``chat_options``: chat
-        messages' keyword arguments for the chat template (default: add_generation_prompt=True)."""
+        """Host 1-D int32 ids; ValueError for input that cannot become a prompt."""
         if isinstance(text, str):
             # a raw prompt is encoded as transformers does by default (the tokenizer's own special tokens)
             ids = self.tokenizer.encode(text)
@@ -32,8 +31,7 @@ class TokenizeManager:
                 # the model would never see them, and the client would wait for calls that cannot come
                 raise ValueError("this model's chat template does not render tools")
             prompt = self.tokenizer.apply_chat_template(text, tokenize=False, **options)
-            # The template already wrote every special token the model expects (BOS included). Upstream encoded
-            # the rendered text with special tokens on, which puts a second BOS in front on Llama 3.
+            # the template wrote the special tokens (upstream's encode added a second BOS on Llama 3)
             ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         elif text and all(isinstance(t, int) and not isinstance(t, bool) for t in text):
             ids = list(text)

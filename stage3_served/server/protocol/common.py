@@ -25,8 +25,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-# Bounds that only the loaded model knows; the OpenAPI document fills them in (openapi.py). The API refuses a
-# max_tokens beyond the context itself, the scheduler a prompt token id outside the vocabulary (a 400 either way).
+# bounds only the loaded model knows; the OpenAPI document fills them in (openapi.py)
 BOUND_KEY = "x-bound"
 CONTEXT_BOUND = {BOUND_KEY: "context_length"}
 VOCAB_BOUND = {BOUND_KEY: "vocab_size"}
@@ -36,9 +35,8 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-# Integers cross process boundaries as msgpack int64 / torch int32: out-of-range ones must be refused here, not by
-# an encoder half-way through a request. JSON Schema counts 16.0 as an integer, so the strict models take it as 16
-# (but not 16.5, "16" or true); the bounds come first so that the schema states them.
+# integers cross processes as int64 / int32: out-of-range ones are refused here, not by an encoder mid-request;
+# JSON Schema counts 16.0 as an integer, so it is taken as 16 (not 16.5, "16" or true)
 MAX_INT32 = 2**31 - 1
 Int32 = Annotated[int, Field(ge=-(2**31), le=MAX_INT32), BeforeValidator(_integral)]
 # ±(2^53 - 1): the integers every JSON library reads exactly (many parse numbers as doubles); within int64
@@ -47,8 +45,7 @@ PromptTokenId = Annotated[int, Field(ge=-(2**31), le=MAX_INT32, json_schema_extr
                           BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32, json_schema_extra=CONTEXT_BOUND), BeforeValidator(_integral)]
 
-# Prompts and stop strings: unions told apart by their JSON shape, so an error names the branch the value meant
-# (`prompt.token_ids: List should have at least 1 item`) and the schema states the same constraints (oneOf).
+# unions told apart by their JSON shape, so an error names the branch the value meant
 Text = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[List[PromptTokenId], Field(min_length=1)]
 
@@ -116,7 +113,6 @@ NI = NotImplementedField  # short, for the NOT_IMPLEMENTED_* tables
 
 
 def add_not_implemented(schema: Dict[str, Any], cls: type) -> None:
-    # the OpenAPI document lists them too, with the only values accepted, so it tells the truth about them
     for name, field in getattr(cls, "not_implemented", {}).items():
         schema.setdefault("properties", {})[name] = field.json_schema()
 
@@ -143,7 +139,6 @@ class Strict(BaseModel):
 
 
 def unknown_field_message(model: type[BaseModel] | None, name: str) -> str:
-    """The message for a field no model of this endpoint declares (a typo, or a field nobody has heard of)."""
     message = f"unknown parameter {name!r}"
     if model is not None:
         close = difflib.get_close_matches(name, [*model.model_fields, *getattr(model, "not_implemented", {})], n=1)
@@ -153,9 +148,6 @@ def unknown_field_message(model: type[BaseModel] | None, name: str) -> str:
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
+    total = prompt_tokens + completion_tokens
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

@@ -32,8 +32,6 @@ class StreamOptions(Strict):
 
 
 class SamplingFields(Strict):
-    """What /v1/completions and /v1/chat/completions share."""
-
     model: str | None = Field(None, description="must name the served model when given")
     max_tokens: MaxTokens | None = Field(None, description="new tokens at most (default: the rest of the context)")
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy")

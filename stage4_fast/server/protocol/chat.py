@@ -11,9 +11,7 @@ from .common import NI, MaxTokens, NotImplementedField, SafeInt, Strict, TopLogp
 from .sampling import NOT_IMPLEMENTED_SAMPLING, SamplingFields, sampling_request_rules
 from .tools import NamedToolChoice, Tool, ToolCall
 
-# a chat template variable: a JSON scalar whose integers the wire carries (a larger one is read as a number, as
-# JSON readers that parse numbers as doubles do), or a list or object of them (templates take switches and names;
-# nothing deeper is accepted)
+# a chat template variable: a JSON scalar (larger integers read as numbers), or a list or object of them
 JSONScalar = Union[str, bool, SafeInt, float, None]
 TemplateValue = Union[JSONScalar, List[JSONScalar], Dict[str, JSONScalar]]
 NOT_IMPLEMENTED_CHAT: Dict[str, NotImplementedField] = {
@@ -52,8 +50,6 @@ class SystemOrUserMessage(Strict):
 
 def _assistant_rules(schema: Dict[str, Any], cls: type) -> None:
     # the schema states the rule _check_content enforces: content, or tool calls
-    # (no "type": "array" of its own: a schema fuzzer would draw that array's items from any JSON value, where the
-    # field's own schema names them)
     schema["anyOf"] = [{"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
                        {"required": ["tool_calls"], "properties": {"tool_calls": {"not": {"type": "null"},
                                                                                   "minItems": 1}}}]
@@ -74,8 +70,7 @@ class AssistantMessage(Strict):
     def for_template(self) -> Dict[str, Any]:
         message: Dict[str, Any] = {"role": "assistant", "content": _text(self.content)}
         if self.tool_calls:
-            # chat templates write the arguments as JSON themselves (`| tojson`): they get the object, as vLLM
-            # hands them
+            # templates write the arguments as JSON themselves (`| tojson`): they get the object, as in vLLM
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
         return message
@@ -100,8 +95,7 @@ class ToolMessage(Strict):
 ChatMessage = Annotated[SystemOrUserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
-# apply_chat_template's own parameters (transformers' PreTrainedTokenizerBase.apply_chat_template) and the names it
-# renders the template with: chat_template_kwargs sets the template's other variables, not these
+# apply_chat_template's own parameters and render names: chat_template_kwargs may not set these
 CHAT_TEMPLATE_RESERVED = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
     "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
@@ -110,8 +104,7 @@ CHAT_TEMPLATE_RESERVED = frozenset({
 
 
 def template_rules(schema: Dict[str, Any]) -> None:
-    # the schema states the rules ChatTemplateFields enforces: add_generation_prompt and continue_final_message not
-    # both true (vLLM's), no template-call parameter among the kwargs
+    # the schema states the rules ChatTemplateFields enforces
     both = ["add_generation_prompt", "continue_final_message"]
     schema["not"] = {"properties": {name: {"const": True} for name in both}, "required": both}
     kwargs = schema["properties"]["chat_template_kwargs"]["anyOf"][0]
@@ -154,8 +147,7 @@ class ChatTemplateFields(Strict):
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
 
     def chat_options(self) -> Dict[str, Any] | None:
-        """The chat template's keyword arguments beyond the default (None: add_generation_prompt=True only). Tools
-        go to the template whatever the tool_choice (vLLM's default, none included)."""
+        """The template's keyword arguments beyond the default (None); tools go to it whatever the tool_choice."""
         add = self.add_generation_prompt
         if add is None:
             add = not self.continue_final_message
@@ -204,13 +196,11 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
         return self
 
     def effective_tool_choice(self) -> str | NamedToolChoice:
-        """OpenAI's default: auto when there are tools, none otherwise."""
         if self.tool_choice is not None:
             return self.tool_choice
         return "auto" if self.tools else "none"
 
     def forced_tool(self) -> bool:
-        """Whether the output is held to tool calls (required, or a named tool)."""
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
     def num_logprobs(self) -> int | None:

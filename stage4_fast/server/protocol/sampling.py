@@ -24,7 +24,7 @@ from .structured import StructuredOutputFields
 
 # what both completion endpoints know but do not implement
 NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
-    # SGLang's own fields, which its router (sglang-router) adds to every request at these values
+    # SGLang's router adds these to every request at these values
     "no_stop_trim": NI((False,), "keeping the stop string"),
     "return_hidden_states": NI((False,), "hidden states in the response"),
 }
@@ -41,14 +41,10 @@ def sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
     # pydantic writes a dict with a key pattern as patternProperties alone, which lets any other key through
     next(s for s in schema["properties"]["logit_bias"]["anyOf"] if s.get("type") == "object")[
         "additionalProperties"] = False
-    # One rule is left out: at most one of STRUCTURED_OUTPUT_FIELDS. Spelled as conditionals (one per field, or
-    # dependentSchemas), it leaves the chat body past what schemathesis' schema engine models (it refuses to
-    # generate for it); the fields' descriptions say it, and the tests' schemathesis hooks keep to it.
+    # left out: at most one of STRUCTURED_OUTPUT_FIELDS (schemathesis cannot generate for it; the descriptions say it)
 
 
 class SamplingFields(StructuredOutputFields):
-    """What /v1/completions and /v1/chat/completions share."""
-
     model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=sampling_request_rules)
 
     model: str | None = Field(None, description="must name the served model when given")

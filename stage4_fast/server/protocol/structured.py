@@ -66,8 +66,7 @@ ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFor
 
 def _structured_outputs_rules(schema: Dict[str, Any], cls: type) -> None:
     add_not_implemented(schema, cls)
-    # the schema states the rule _check_one enforces: one of the five non-null (json_object null or false), or
-    # json_object true and the five null
+    # the schema states the rule _check_one enforces
     null, names = {"type": "null"}, ["json", "regex", "choice", "grammar", "structural_tag"]
     schema["anyOf"] = [
         *({"required": [name], "properties": {**{other: null for other in names if other != name},
@@ -131,13 +130,10 @@ ONE_OF_THEM = "; at most one of response_format (json), structured_outputs, json
 
 
 class StructuredOutputFields(Strict):
-    """The request fields that ask for structured output (at most one of them per request)."""
-
     response_format: ResponseFormat | None = Field(
         None, description="json_object, json_schema or structural_tag (SGLang / vLLM: free text until a trigger, "
                           "then a structure), through xgrammar; one it cannot compile is a 400"
                           + ONE_OF_THEM)
-    # the other ways vLLM and SGLang ask for structured output
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension" + ONE_OF_THEM)
     json_schema: str | None = Field(None, description="SGLang extension: a JSON schema, as JSON text" + ONE_OF_THEM)
     regex: str | None = Field(None, description="SGLang extension: the output matches this regular expression"
@@ -146,8 +142,7 @@ class StructuredOutputFields(Strict):
                                                + ONE_OF_THEM)
 
     def grammar(self) -> Dict[str, Any]:
-        """The structured output asked for, as ``SamplingParams``' field (json_schema, regex, ebnf or structural_tag)
-        -> source, with json_any_whitespace where a JSON output may hold free whitespace; empty for free text."""
+        """The structured output as ``SamplingParams``' fields (kind -> source); empty for free text."""
         fmt, outputs = self.response_format, self.structured_outputs
         if isinstance(fmt, JSONSchemaResponseFormat):
             return {"json_schema": json.dumps(fmt.json_schema.schema_)}

@@ -12,8 +12,7 @@ from .common import PromptTokenId, Strict
 
 def _tokenize_rules(schema: Dict[str, Any], cls: type) -> None:
     template_rules(schema)
-    # the schema states the rule _check_input enforces: a prompt (its add_special_tokens), or messages (the
-    # template's options)
+    # the schema states the rule _check_input enforces: a prompt, or messages
     null = {"type": "null"}
     schema["anyOf"] = [  # (the fields' own schemas name their types: see _assistant_rules)
         {"required": ["prompt"], "properties": {
@@ -25,8 +24,7 @@ def _tokenize_rules(schema: Dict[str, Any], cls: type) -> None:
 
 
 class TokenizeRequest(ChatTemplateFields):
-    """vLLM's /tokenize: a prompt as the tokenizer encodes it, or chat messages as the chat template renders them
-    (the prompt /v1/chat/completions would run)."""
+    """vLLM's /tokenize: a prompt as the tokenizer encodes it, or chat messages as the chat template renders them."""
 
     model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=_tokenize_rules)
     model: str | None = Field(None, description="must name the served model when given")
@@ -48,7 +46,5 @@ class TokenizeRequest(ChatTemplateFields):
 
 
 class DetokenizeRequest(Strict):
-    """vLLM's /detokenize: token ids back to text."""
-
     model: str | None = Field(None, description="must name the served model when given")
     tokens: List[PromptTokenId] = Field(description="ids within the vocabulary")
