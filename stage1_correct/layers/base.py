@@ -1,8 +1,5 @@
-"""Ops without nn.Module: weights are plain tensor attributes, found by walking __dict__.
-
-Building a model under torch.device("meta") gives shapes without memory; load_state_dict then *replaces* each
-meta tensor with the loaded one, so the weights exist exactly once.
-"""
+"""Ops without nn.Module: weights are plain tensor attributes, found by walking __dict__. A model built on the
+meta device has shapes only; load_state_dict replaces each meta tensor, so the weights exist exactly once."""
 
 from __future__ import annotations
 

@@ -13,12 +13,8 @@ from .base import BaseOP
 
 
 class VocabParallelEmbedding(BaseOP):
-    """Token embedding split by vocabulary: rank r holds rows [r * ceil(V/tp), ...). Each rank looks up the ids in
-    its range (others give zero rows) and the ranks' rows are summed.
-
-    Every rank's table has ceil(V/tp) rows; when tp does not divide V the last shard is padded with zero rows
-    (upstream sizes it ceil(V/tp) but loads a shorter shard, which fails).
-    """
+    """Token embedding split by vocabulary: rank r holds rows [r * ceil(V/tp), ...), ids outside give zero rows,
+    the ranks' rows are summed. The last shard is padded with zero rows (upstream loads it short, which fails)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         tp = get_tp_info()

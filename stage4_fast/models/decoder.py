@@ -5,14 +5,10 @@ puts one on every layer and cannot load a model with dense layers).
 Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj), e.g.
 `model.layers.3.self_attn.qkv_proj.weight`.
 
-Deferred norms (bf16 on a GPU). A layer's two RMSNorms, norm(h) = w * h * r(h) with r(h) = rsqrt(mean(h^2) + eps),
-each feed one projection. Folding w into that projection's weight (W diag(w)) leaves a per-row factor, which passes
-through the projection: norm(h) W^T = r(h) * (h (W diag(w))^T). So the projection can read the residual stream h
-itself, and the kernel after it (q/k norm + RoPE, SiLU-and-mul) multiplies its input rows by r(h), read from h's
-row. With the residual adds done by the o and down projections' GEMMs (beta = 1), a layer is 7 kernels instead
-of 9: no norm kernel at all. The bits differ from HF's op order (w is rounded into the weight, r applied after
-the GEMM instead of before), within the bound stage4_fast/tests/test_gpu.py checks; fp32 and fp16 keep the norms
-(fp16's range is too small for a projection of unnormalised rows).
+Deferred norms (bf16 on a GPU): norm(h) W^T = r(h) * (h (W diag(w))^T) with r(h) = rsqrt(mean(h^2) + eps), so w
+is folded into the projection, which reads the residual stream h, and the kernel after it applies r(h); with the
+residual adds in the o and down GEMMs a layer has no norm kernel. fp32 and fp16 keep the norms (fp16's range is too
+small for a projection of unnormalised rows).
 """
 
 from __future__ import annotations
@@ -103,9 +99,8 @@ class DecoderModel(BaseOP):
         return self.norm.forward(x, residual)[0]  # the final norm folds in the last residual
 
     def defer_norms(self) -> None:
-        """Fold each layer's two norm weights into the projections that read the norms and set them to one; from
-        then on forwards of more than one token run without norm kernels (module docstring). One-token forwards
-        keep their norms, now of unit weight (the same product, rounded elsewhere)."""
+        """Fold each layer's norm weights into the projections after them (module docstring); the norms keep unit
+        weight for one-token forwards."""
         for layer in self.layers.op_list:
             for norm, proj in ((layer.input_layernorm, layer.self_attn.qkv_proj),
                                (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
