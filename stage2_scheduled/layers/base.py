@@ -30,9 +30,8 @@ class BaseOP(ABC):
                 value.state_dict(prefix=_join(prefix, name), result=result)
         return result
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         """Consumes (pops) the keys this op owns; at the top level anything left over is an error."""
         for name, value in list(self.__dict__.items()):
             if name.startswith("_"):
@@ -55,9 +54,8 @@ class StateLessOP(BaseOP):
     def state_dict(self, *, prefix: str = "", result: Dict[str, torch.Tensor] | None = None) -> Dict[str, torch.Tensor]:
         return {} if result is None else result
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         if not _internal and state_dict:
             raise RuntimeError(f"unexpected weights: {sorted(state_dict)[:8]}")
 
@@ -75,9 +73,8 @@ class OPList(BaseOP, Generic[_T]):
             op.state_dict(prefix=_join(prefix, str(i)), result=result)
         return result
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         for i, op in enumerate(self.op_list):
             op.load_state_dict(state_dict, prefix=_join(prefix, str(i)), _internal=True)
         if not _internal and state_dict:

@@ -53,12 +53,8 @@ class DecoderForCausalLM(BaseLLMModel):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool = False, has_qk_norm: bool = False):
         self.model = DecoderModel(config, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
         tied = config.tie_word_embeddings
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            tie_word_embeddings=tied,
-            tied_embedding=self.model.embed_tokens if tied else None,
-        )
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_word_embeddings=tied,
+                                      tied_embedding=self.model.embed_tokens if tied else None)
 
     def forward(self) -> torch.Tensor:
         return self.lm_head.forward(self.model.forward(get_global_ctx().batch.input_ids))

@@ -118,12 +118,8 @@ class DecoderForCausalLM(BaseLLMModel):
         with other layers (the Qwen3.5 hybrid) passes its own stack."""
         self.model = model
         tied = config.tie_word_embeddings
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            tie_word_embeddings=tied,
-            tied_embedding=self.model.embed_tokens if tied else None,
-        )
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_word_embeddings=tied,
+                                      tied_embedding=self.model.embed_tokens if tied else None)
 
     def after_load(self) -> None:
         if deferred_norms_apply(self.model.layers.op_list):

@@ -94,9 +94,7 @@ def kv_scale_name(name: str) -> str | None:
 _EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<idx>\d+)\.(?P<name>.+?)(?:\.weight)?$")
 
 
-def _stack_experts(
-    tensors: Iterator[Tuple[str, torch.Tensor]], num_experts: int
-) -> Iterator[Tuple[str, torch.Tensor]]:
+def _stack_experts(tensors: Iterator[Tuple[str, torch.Tensor]], num_experts: int) -> Iterator[Tuple[str, torch.Tensor]]:
     """`mlp.experts.3.gate_up_proj.weight` (already sharded and fused per expert) -> buffered, then one
     `mlp.experts.gate_up_proj` of shape [E, ...] once all experts are seen."""
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
@@ -115,9 +113,8 @@ def _stack_experts(
         raise RuntimeError(f"incomplete expert groups in checkpoint: {sorted(pending)[:8]}")
 
 
-def load_weight(
-    model_path: str, device: torch.device, num_kv_heads: int = 0, num_experts: int = 0
-) -> Iterator[Tuple[str, torch.Tensor]]:
+def load_weight(model_path: str, device: torch.device, num_kv_heads: int = 0,
+                num_experts: int = 0) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yields (name, tensor) on `device`, already sharded for this rank and fused, in checkpoint order."""
     yield from _stack_experts(_load_fused(model_path, device, num_kv_heads), num_experts)
 
