@@ -1,5 +1,4 @@
-"""The thin device layer: CUDA streams, events and pinned memory are real on a GPU and no-ops on CPU, so the
-engine code reads the same on both (upstream assumes CUDA everywhere)."""
+"""CUDA streams, events and pinned memory, real on a GPU and no-ops on CPU (upstream assumes CUDA everywhere)."""
 
 from __future__ import annotations
 

@@ -34,12 +34,8 @@ class DecoderLayer(BaseOP):
 class DecoderModel(BaseOP):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool, has_qk_norm: bool):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = OPList(
-            [
-                DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
-                for i in range(config.num_layers)
-            ]
-        )
+        self.layers = OPList([DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
+                              for i in range(config.num_layers)])
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -67,14 +67,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         return self.compute_logits(x, out=batch.logits_out)
 
     def warm_up_gemms(self, x: torch.Tensor) -> None:
-        """The cuBLAS call of ``compute_logits`` for ``x``'s rows (a prefill step's requests), without
-        communication (``layers/linear.py: warm_up_gemms``)."""
+        """The cuBLAS call of ``compute_logits`` for ``x``'s rows, without communication (``linear.warm_up_gemms``)."""
         weight = self._tied_embedding.weight if self._tied_embedding is not None else self.weight
         F.linear(x, weight, self.bias)
 
     def compute_logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of any rows of final hidden states (every rank calls it with the same rows); into ``out`` when
-        given (the same GEMM as F.linear, written in place)."""
+        """Logits of any rows of final hidden states (the same rows on every rank); into ``out`` when given."""
         weight = self._tied_embedding.weight if self._tied_embedding is not None else self.weight
         if self.tp_size == 1:
             if out is None:

@@ -74,9 +74,8 @@ class ModelConfig:
         return "moe" in self.model_type
 
     def is_sparse_layer(self, layer_id: int) -> bool:
-        """Whether the layer's MLP is the sparse MoE block, by HF's rule (`Qwen3MoeDecoderLayer`): not listed in
-        `mlp_only_layers`, and every `decoder_sparse_step`-th layer counting from 1. The others are dense MLPs of
-        `intermediate_size`."""
+        """Whether the layer's MLP is the sparse MoE block, by HF's rule: not in `mlp_only_layers`, and every
+        `decoder_sparse_step`-th layer counting from 1."""
         return (self.is_moe and self.num_experts > 0 and layer_id not in self.mlp_only_layers
                 and (layer_id + 1) % self.decoder_sparse_step == 0)
 

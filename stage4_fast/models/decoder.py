@@ -45,9 +45,8 @@ class DecoderLayer(BaseOP):
         return self.mlp.forward(x), residual
 
     def _forward_one_token(self, x: torch.Tensor, residual: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The same layer for one token (single-stream decode): each add-RMSNorm goes with the projection that
-        reads it, so that a 16-bit GPU forward folds it into that projection's GEMV (two kernels less per layer;
-        elsewhere the same ops as ``forward``)."""
+        """The same layer for one token: each add-RMSNorm goes with the projection after it, which a 16-bit GPU
+        forward folds into that projection's GEMV."""
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = attn.qkv_proj.forward_after_norm(self.input_layernorm, x, residual)
         x = attn.o_proj.forward(attn.attn.forward(qkv))
@@ -55,8 +54,7 @@ class DecoderLayer(BaseOP):
         return mlp.down_proj.forward(gate_up, silu_mul_input=True), residual
 
     def _forward_deferred(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        """The same layer with both norms deferred (module docstring): returns the residual stream after it, the
-        sum that ``forward`` leaves split into (output, residual)."""
+        """The same layer with both norms deferred (module docstring): returns the residual stream after it."""
         h = x if residual is None else residual.add_(x)
         attn, mlp = self.self_attn, self.mlp
         o = attn.attn.forward(attn.qkv_proj.forward(h), row_scale=(h, self.input_layernorm.eps))
@@ -84,12 +82,8 @@ def runs_deferred_norms(weight: torch.Tensor) -> bool:
 class DecoderModel(BaseOP):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool, has_qk_norm: bool):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = OPList(
-            [
-                DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
-                for i in range(config.num_layers)
-            ]
-        )
+        self.layers = OPList([DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
+                              for i in range(config.num_layers)])
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""Streaming safetensors loader: tensors are read one at a time, sharded for this TP rank and fused (q/k/v ->
-qkv_proj, gate/up -> gate_up_proj) as soon as a group is complete, so no second full copy of the weights exists.
-MoE experts (`...experts.<i>.<name>`) are stacked into one `[E, ...]` tensor per layer once every expert is in."""
+"""Streaming safetensors loader: tensors are read one at a time, sharded for this TP rank and fused (q/k/v, gate/up)
+as soon as a group is complete, so no second full copy of the weights exists. MoE experts are stacked into one
+`[E, ...]` tensor per layer once every expert is in."""
 
 from __future__ import annotations
 
@@ -18,13 +18,8 @@ from ..utils import div_ceil
 from ..utils.hf import download_hf_weight
 
 # part name -> (fused name, position in the concatenation)
-_MERGE = {
-    ".q_proj": (".qkv_proj", 0),
-    ".k_proj": (".qkv_proj", 1),
-    ".v_proj": (".qkv_proj", 2),
-    ".gate_proj": (".gate_up_proj", 0),
-    ".up_proj": (".gate_up_proj", 1),
-}
+_MERGE = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
+          ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
 _GROUP_SIZE = {".qkv_proj": 3, ".gate_up_proj": 2}
 
 
@@ -95,8 +90,7 @@ _EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<idx>\d+)\.(?P<name>.+?)(?:\
 
 
 def _stack_experts(tensors: Iterator[Tuple[str, torch.Tensor]], num_experts: int) -> Iterator[Tuple[str, torch.Tensor]]:
-    """`mlp.experts.3.gate_up_proj.weight` (already sharded and fused per expert) -> buffered, then one
-    `mlp.experts.gate_up_proj` of shape [E, ...] once all experts are seen."""
+    """`mlp.experts.3.gate_up_proj.weight` (sharded and fused) -> one `mlp.experts.gate_up_proj` [E, ...]."""
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
     for name, tensor in tensors:
         match = _EXPERT.match(name) if num_experts else None

@@ -79,9 +79,8 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
 
 
 def tp_split_problem(model_path: str, tp: int) -> str | None:
-    """Why the model's attention heads cannot be sharded over `tp` ranks (None when they can): query heads must
-    divide evenly; KV heads must divide evenly or, with more ranks than KV heads, be replicated. The server's
-    CLI and the offline LLM ask before any rank starts, so the answer is a message, not a layer's assertion."""
+    """Why the attention heads cannot be sharded over `tp` ranks (None when they can), asked before any rank starts
+    so that the answer is a message, not a layer's assertion."""
     config = cached_load_hf_config(model_path)
     config = getattr(config, "text_config", None) or config
     q = config.num_attention_heads
