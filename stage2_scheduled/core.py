@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from .kvcache.base import BaseCacheHandle, BaseKVCachePool
 
 
-# Temperatures below this are greedy, as in vLLM and SGLang: dividing the logits by a smaller one overflows them (inf,
-# then NaN probabilities that torch.multinomial refuses)
+# below this temperature is greedy (as vLLM, SGLang): dividing the logits by less overflows them (inf, then NaN)
 GREEDY_TEMPERATURE = 1e-5
 
 

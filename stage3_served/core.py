@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from .kvcache.base import BaseCacheHandle, BaseKVCachePool
 
 
-# Temperatures below this are greedy, as in vLLM and SGLang: dividing the logits by a smaller one overflows them (inf,
-# then NaN probabilities that torch.multinomial refuses)
+# below this temperature is greedy (as vLLM, SGLang): dividing the logits by less overflows them (inf, then NaN)
 GREEDY_TEMPERATURE = 1e-5
 
 
@@ -30,8 +29,7 @@ class SamplingParams:
     # stage 3 (the API exposes them): a per-request sampling seed, and token ids that end the request like EOS
     seed: int | None = None
     stop_token_ids: List[int] = field(default_factory=list)
-    # the text leaves special tokens (<|im_end|>, <|endoftext|>, ...) out; vLLM's and SGLang's default (the token ids
-    # keep them)
+    # the text leaves special tokens (<|im_end|>, ...) out, as vLLM and SGLang (the token ids keep them)
     skip_special_tokens: bool = True
 
     @property

@@ -43,8 +43,7 @@ class _LinearTPImpl(BaseOP):
         return linear(x, self.weight, self.bias)
 
     def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor | None) -> None:
-        """The cuBLAS calls a forward of ``x``'s rows makes through this layer, without communication (see
-        ``warm_up_gemms`` below); ``residual``: a [rows, out] buffer for a layer that adds into the residual."""
+        """This layer's cuBLAS calls for ``x``'s rows, without communication; ``residual``: a [rows, out] buffer."""
         F.linear(x, self.weight, self.bias)
 
     def forward_after_norm(self, norm: RMSNormFused, x: torch.Tensor,
@@ -110,9 +109,8 @@ class LinearRowParallel(_LinearTPImpl):
             residual.addmm_(x, self.weight.t())
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + this layer's output, written over ``residual`` (returned): the add rides in the GEMM
-        (C = 1 * residual + x W^T), no kernel of its own. Several ranks: rank 0's GEMM adds the residual to its
-        partial sum, the others overwrite theirs, and the sum over ranks is the new residual."""
+        """residual + this layer's output, written over ``residual``: the add rides in the GEMM (beta = 1); under
+        TP only rank 0's partial sum adds the residual before the all-reduce."""
         if self.bias is not None:
             return residual.add_(self.forward(x))
         if self._tp_size == 1:

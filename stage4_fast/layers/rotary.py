@@ -55,10 +55,8 @@ class RotaryEmbedding(StateLessOP):
         freqs = positions[:, None] * inv_freq[None, :]  # fp32, as HF computes them
         # [max_pos, rotary_dim] = cos | sin (each rotary_dim / 2 wide); private, so never saved or loaded
         self._cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
-        # Every layer shares this op and sees the same positions tensor during one forward, so the gather of
-        # cos/sin happens once per forward instead of once per layer. A captured graph's positions buffer is
-        # rewritten in place between replays, so the memo also checks the tensor's version counter, and it is
-        # bypassed while a CUDA graph is being captured (the gather must be part of the graph).
+        # every layer shares this op, so cos/sin are gathered once per forward: memoised per positions tensor and
+        # its version (a graph's buffer is rewritten in place), bypassed while capturing (the graph must gather)
         self._memo: Tuple[torch.Tensor, int, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     @property

@@ -64,8 +64,7 @@ class DecoderLayer(BaseOP):
 
 
 def deferred_norms_apply(layers: list) -> bool:
-    """Whether a stack's norms are deferred (module docstring): dense decoder layers without a qkv bias (it would
-    be scaled with the projection), whose bf16 weights the fused kernels take (a GPU)."""
+    """Whether a stack's norms are deferred: dense layers without a qkv bias (it would be scaled too), bf16 on a GPU."""
     if not layers:
         return False
     if not all(isinstance(layer, DecoderLayer) and isinstance(layer.mlp, GatedMLP)

@@ -28,8 +28,7 @@ from .utils import GatedMLP
 
 
 class OffsetRMSNorm(BaseOP):
-    """RMSNorm scaling by (1 + weight) (the checkpoint stores weight - 1), with the residual add folded in like
-    RMSNormFused: returns (norm(x + residual), x + residual)."""
+    """RMSNorm scaling by (1 + weight), the residual add folded in: returns (norm(x + residual), x + residual)."""
 
     def __init__(self, size: int, eps: float):
         self.eps = eps
@@ -96,8 +95,8 @@ class GatedDeltaNet(BaseOP):
 
 
 class GatedRopeAttn(BaseOP):
-    """Full attention with an output gate and partial RoPE. q_proj's rows are [q_h | gate_h] per head, so the
-    fused qkv_proj is built as a QKV projection with twice the query heads (TP splits it on head boundaries)."""
+    """Full attention with an output gate and partial RoPE; q_proj's rows are [q_h | gate_h] per head, built as a
+    QKV projection of twice the query heads."""
 
     def __init__(self, config: ModelConfig, kv_layer_id: int, has_attn_bias: bool):
         tp = get_tp_info().size

@@ -97,8 +97,7 @@ class ZmqAsyncPushQueue(_Queue, Generic[T]):
         await self.socket.send(_pack(self.encoder, obj), copy=False)
 
     def put_nowait(self, obj: T) -> None:
-        """Queue without awaiting: usable from ``finally`` blocks of cancelled tasks (aborts). With an unbounded
-        high-water mark the send never has to wait."""
+        """Queue without awaiting (``finally`` blocks of cancelled tasks); an unbounded queue never has to wait."""
         self.socket.send(_pack(self.encoder, obj), copy=False, flags=zmq.NOBLOCK)
 
 
