@@ -1,8 +1,5 @@
-"""Request/batch state and the global context the model reads during a forward.
-
-This module sits at the bottom of the import graph: it names backend and cache types only for type
-checking, so ``attention/``, ``kvcache/`` and ``layers/`` can import it without a cycle (upstream imports
-them at run time, which ties 16 files into one import circle).
+"""Request/batch state and the global context the model reads during a forward. It names backend and cache types
+only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one).
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ if TYPE_CHECKING:
     from .kvcache.base import BaseCacheHandle, BaseKVCachePool
 
 
-# Temperatures below this are greedy, as in vLLM and SGLang: dividing the logits by a smaller one overflows them (inf,
-# then NaN probabilities that torch.multinomial refuses)
+# below this temperature is greedy (as vLLM, SGLang): dividing the logits by less overflows them (inf, then NaN)
 GREEDY_TEMPERATURE = 1e-5
 
 
@@ -75,10 +71,8 @@ class Req:
         self.input_ids = torch.cat([self.input_ids, next_token.view(1).to(self.input_ids.dtype)])
 
     def __repr__(self) -> str:
-        return (
-            f"Req(table_idx={self.table_idx}, cached_len={self.cached_len}, "
-            f"device_len={self.device_len}, max_device_len={self.max_device_len})"
-        )
+        return (f"Req(table_idx={self.table_idx}, cached_len={self.cached_len}, device_len={self.device_len}, "
+                f"max_device_len={self.max_device_len})")
 
 
 @dataclass
@@ -137,15 +131,13 @@ _GLOBAL_CTX: Context | None = None
 
 
 def set_global_ctx(ctx: Context) -> None:
-    # Upstream allows this only once per process. We let a new Engine replace it (and each Engine re-installs its
-    # own context before a forward), because tests and the harness build several engines in one process.
+    # upstream allows one per process; tests and the harness build several engines (each re-installs its own)
     global _GLOBAL_CTX
     _GLOBAL_CTX = ctx
 
 
 def release_global_ctx(ctx: Context) -> None:
-    """Forget the global context if it is ``ctx``: an engine that shuts down must not keep its KV pool and page
-    table alive through it (a process that starts a server after its own engine needs that memory back)."""
+    """Forget the global context if it is ``ctx``: a shut-down engine's KV pool must not stay alive through it."""
     global _GLOBAL_CTX
     if _GLOBAL_CTX is ctx:
         _GLOBAL_CTX = None

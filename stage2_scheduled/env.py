@@ -33,9 +33,8 @@ def _parse_bool(raw: str) -> bool:
 
 class _Env:
     DISABLE_OVERLAP_SCHEDULING = EnvVar("DISABLE_OVERLAP_SCHEDULING", False, _parse_bool)
-    # The scheduler checks its KV pages whenever it goes idle. The deep check walks the whole prefix cache and the
-    # free list (~0.2 s at a million cached tokens), which a server idle between requests would make the next
-    # request wait for; by default only the sizes are checked. The test suites switch it on (conftest.py).
+    # the idle scheduler's KV check walks the whole prefix cache (slow at a million tokens, delaying the next
+    # request); by default only sizes are checked, the test suites switch it on
     CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
 
 

@@ -73,8 +73,6 @@ def generate(model_dir: str, prompts: List[List[int]], max_new_tokens: int, **op
     return [list(r["token_ids"]) for r in results]
 
 
-# ---- the real server, for end-to-end tests (appended to harness.py in phase 2) ----------------------------------
-
 _REPO = Path(__file__).resolve().parents[1]
 # option -> command-line flag of `python -m stage3_served`
 _FLAGS = {
@@ -88,7 +86,7 @@ _FLAGS = {
 
 
 def _die_with_parent() -> None:
-    """In the server's process, before exec: a test run that is killed takes its server with it (Linux)."""
+    """Before exec: a killed test run takes its server with it (Linux)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -177,7 +175,7 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
 
 
 def _is_failure(e: BaseException) -> bool:
-    """A test that failed (an assertion, an error, a timeout), not one that skipped or a generator closed early."""
+    """A test that failed, not one that skipped or a generator closed early."""
     return not isinstance(e, GeneratorExit) and type(e).__name__ not in ("Skipped", "XFailed")
 
 

@@ -7,14 +7,5 @@ from .engine import Engine, EngineConfig, ManualBatcher
 from .llm import LLM
 from .scheduler import Scheduler, SchedulerConfig
 
-__all__ = [
-    "Batch",
-    "Engine",
-    "EngineConfig",
-    "LLM",
-    "ManualBatcher",
-    "Req",
-    "SamplingParams",
-    "Scheduler",
-    "SchedulerConfig",
-]
+__all__ = ["Batch", "Engine", "EngineConfig", "LLM", "ManualBatcher", "Req", "SamplingParams", "Scheduler",
+           "SchedulerConfig"]

@@ -1,8 +1,5 @@
-"""Request/batch state and the global context the model reads during a forward.
-
-This module sits at the bottom of the import graph: it names backend and cache types only for type
-checking, so ``attention/``, ``kvcache/`` and ``layers/`` can import it without a cycle (upstream imports
-them at run time, which ties 16 files into one import circle).
+"""Request/batch state and the global context the model reads during a forward. It names backend and cache types
+only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one).
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ if TYPE_CHECKING:
     from .moe import BaseMoeBackend
 
 
-# Temperatures below this are greedy, as in vLLM and SGLang: dividing the logits by a smaller one overflows them (inf,
-# then NaN probabilities that torch.multinomial refuses)
+# below this temperature is greedy (as vLLM, SGLang): dividing the logits by less overflows them (inf, then NaN)
 GREEDY_TEMPERATURE = 1e-5
 
 
@@ -37,8 +33,7 @@ class SamplingParams:
     # stage 3 (the API exposes them): a per-request sampling seed, and token ids that end the request like EOS
     seed: int | None = None
     stop_token_ids: List[int] = field(default_factory=list)
-    # the text leaves special tokens (<|im_end|>, <|endoftext|>, ...) out; vLLM's and SGLang's default (the token ids
-    # keep them)
+    # the text leaves special tokens (<|im_end|>, ...) out, as vLLM and SGLang (the token ids keep them)
     skip_special_tokens: bool = True
     # stage 4, the production API (sampling/): vLLM / SGLang semantics, neutral by default
     presence_penalty: float = 0.0  # subtracted from the logit of every token the output already holds
@@ -52,11 +47,9 @@ class SamplingParams:
     json_schema: str | None = None  # the output is JSON valid against this schema (JSON text)
     regex: str | None = None  # the output matches this regular expression
     ebnf: str | None = None  # the output is a sentence of this EBNF grammar (xgrammar's dialect; its rule `root`)
-    # free text until a trigger, then a tagged structure (JSON text: xgrammar's structural tag, or the older
-    # {"structures": [{"begin", "schema", "end"}], "triggers": [...]} that vLLM and SGLang also take)
+    # free text until a trigger, then a tagged structure (JSON: xgrammar's structural tag, or the older form)
     structural_tag: str | None = None
-    # a JSON schema's output may hold free whitespace between its tokens (vLLM's structured_outputs
-    # disable_any_whitespace: false); by default it holds none (sampling/grammar.py says why)
+    # free whitespace between a JSON schema's tokens (vLLM's disable_any_whitespace: false); none by default
     json_any_whitespace: bool = False
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before the output has this many tokens (vLLM's)
 
@@ -74,16 +67,14 @@ class SamplingParams:
 
     @property
     def uses_api_fields(self) -> bool:
-        """Whether the request asks for any of the fields the sampler builds tensors for besides temperature and
-        top-k/p/min-p (logit bias, penalties, logprobs: ``Sampler._prepare_api_fields``; a field added there is
-        added here). A grammar is asked of the grammar backend instead."""
+        """Whether the request asks for a field that ``Sampler._prepare_api_fields`` builds tensors for (a field
+        added there is added here)."""
         return bool(self.logit_bias) or self.logprobs is not None or self.has_penalty or self.min_tokens > 0
 
     @property
     def grammar(self) -> Tuple[str, str] | None:
-        """The structured output asked for, as (kind, source), kind one of json_schema / regex / ebnf /
-        structural_tag; None: free text. More than one is a ValueError (SGLang refuses it too), and so is
-        json_any_whitespace without a json_schema (it would change nothing)."""
+        """The structured output asked for, as (kind, source); None: free text. More than one is a ValueError, as
+        is json_any_whitespace without a json_schema."""
         kinds = (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf),
                  ("structural_tag", self.structural_tag))
         asked = [(kind, source) for kind, source in kinds if source is not None]
@@ -113,8 +104,7 @@ class Req:
         assert self.input_ids.device.type == "cpu", "Req.input_ids must live on the host"
         self.device_len = self.input_ids.shape[0]  # (not len(): Tensor.__len__ is slow Python)
         self.max_device_len = self.device_len + self.output_len
-        # asked by the sampler of every request at every step (its fast path); a request's parameters do not
-        # change once it is admitted
+        # the sampler's fast path asks it of every request at every step; parameters never change once admitted
         params = self.sampling_params
         self.samples_plain_greedy = params.is_greedy and not params.uses_api_fields
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len
@@ -160,12 +150,8 @@ class Req:
         self.device_len += 1
 
     def append_host(self, next_token: torch.Tensor | int) -> None:
-        """Append one token to input_ids. The scheduler does this for every running request at every step, and
-        nothing reads a running request's ids at every step, so an append is a Python list append (~0.04 us); the
-        ids reach the request's host buffer when input_ids is next read (``__getattr__``: one numpy store of all of
-        them, and the view of the filled part, ~2.5 us, built then). The buffer has spare room (grown by doubling,
-        up to max_device_len), so a read after appends stores only the new ids instead of copying the whole row.
-        Earlier views of input_ids never change (only positions past their end are written)."""
+        """Append one token to input_ids: a list append, every step; the ids reach the host buffer (spare room,
+        grown by doubling) when input_ids is next read (``__getattr__``). Earlier views of input_ids never change."""
         if "input_ids" in self.__dict__:  # read or assigned since the last append: appends continue after it
             self._adopt(self.__dict__.pop("input_ids"))
         self._pending.append(next_token if type(next_token) is int else int(next_token))
@@ -194,10 +180,8 @@ class Req:
         self._host_buf, self._host_np, self._host_len = buf, buf.numpy(), n
 
     def __repr__(self) -> str:
-        return (
-            f"Req(table_idx={self.table_idx}, cached_len={self.cached_len}, "
-            f"device_len={self.device_len}, max_device_len={self.max_device_len})"
-        )
+        return (f"Req(table_idx={self.table_idx}, cached_len={self.cached_len}, device_len={self.device_len}, "
+                f"max_device_len={self.max_device_len})")
 
 
 @dataclass
@@ -220,8 +204,7 @@ class Batch:
     # prefill only, for prompt logprobs (echo): the LM head keeps the final hidden states of these token rows
     prompt_logprob_rows: torch.Tensor | None = field(default=None, init=False)
     prompt_hidden: torch.Tensor | None = field(default=None, init=False)
-    # a graph-captured decode batch: the LM head writes its logits straight into the graph runner's buffer (a
-    # copy from a temporary would be a [batch, vocab] memcpy per replay, tens of MB at a 152k vocabulary)
+    # a graph-captured decode batch: the LM head writes its logits into the graph's buffer (no memcpy per replay)
     logits_out: torch.Tensor | None = field(default=None, init=False)
 
     @property
@@ -275,15 +258,13 @@ _GLOBAL_CTX: Context | None = None
 
 
 def set_global_ctx(ctx: Context) -> None:
-    # Upstream allows this only once per process. We let a new Engine replace it (and each Engine re-installs its
-    # own context before a forward), because tests and the harness build several engines in one process.
+    # upstream allows one per process; tests and the harness build several engines (each re-installs its own)
     global _GLOBAL_CTX
     _GLOBAL_CTX = ctx
 
 
 def release_global_ctx(ctx: Context) -> None:
-    """Forget the global context if it is ``ctx``: an engine that shuts down must not keep its KV pool and page
-    table alive through it (a process that starts a server after its own engine needs that memory back)."""
+    """Forget the global context if it is ``ctx``: a shut-down engine's KV pool must not stay alive through it."""
     global _GLOBAL_CTX
     if _GLOBAL_CTX is ctx:
         _GLOBAL_CTX = None

@@ -33,14 +33,12 @@ def _parse_bool(raw: str) -> bool:
 
 class _Env:
     DISABLE_OVERLAP_SCHEDULING = EnvVar("DISABLE_OVERLAP_SCHEDULING", False, _parse_bool)
-    # The scheduler checks its KV pages whenever it goes idle. The deep check walks the whole prefix cache and the
-    # free list (~0.2 s at a million cached tokens), which a server idle between requests would make the next
-    # request wait for; by default only the sizes are checked. The test suites switch it on (conftest.py).
+    # the idle scheduler's KV check walks the whole prefix cache (slow at a million tokens, delaying the next
+    # request); by default only sizes are checked, the test suites switch it on
     CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
     # a file the scheduler appends a JSON line per loop to (scheduler/step_log.py); unset: nothing is logged
     STEP_LOG = EnvVar("STEP_LOG", "", str)
-    # sampling of the interactive shell (`--shell`). Upstream's defaults (temperature 0.6, 2048 tokens) make a small
-    # model ramble for half a minute; greedy and 256 tokens answer briefly and the same way each time
+    # the interactive shell's sampling (`--shell`): greedy and 256 tokens, not upstream's rambling 0.6 / 2048
     SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 256, int)
     SHELL_TOP_K = EnvVar("SHELL_TOP_K", -1, int)
     SHELL_TOP_P = EnvVar("SHELL_TOP_P", 1.0, float)

@@ -22,10 +22,8 @@ from .core import SamplingParams
 from .engine.graph import EMULATION_MAX_BS
 from .llm import LLM
 
-# Qwen3_5ForCausalLM: the capstone hybrid (gated DeltaNet linear attention + full attention, models/qwen3_5.py)
-ARCHITECTURES = frozenset(
-    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM"}
-)
+ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                           "Qwen3_5ForCausalLM"})
 OPTIONS = frozenset(
     {"page_size", "max_running_req", "num_pages", "attention_backend", "cache_type", "max_extend_tokens", "overlap",
      "tp", "cuda_graph", "kv_cache_dtype"}
@@ -33,17 +31,10 @@ OPTIONS = frozenset(
 CAPABILITIES = frozenset({"batch", "sampling", "server"})
 
 # option name -> SchedulerConfig field
-_CONFIG_FIELD = {
-    "page_size": "page_size",
-    "max_running_req": "max_running_req",
-    "num_pages": "num_page_override",
-    "attention_backend": "attention_backend",
-    "cache_type": "cache_type",
-    "max_extend_tokens": "max_extend_tokens",
-    "overlap": "overlap_scheduling",
-    "tp": "tp",  # an LLM argument: ranks 1..tp-1 run in processes of their own
-    "kv_cache_dtype": "kv_cache_dtype",
-}
+_CONFIG_FIELD = {"page_size": "page_size", "max_running_req": "max_running_req", "num_pages": "num_page_override",
+                 "attention_backend": "attention_backend", "cache_type": "cache_type",
+                 "max_extend_tokens": "max_extend_tokens", "overlap": "overlap_scheduling",
+                 "tp": "tp", "kv_cache_dtype": "kv_cache_dtype"}  # tp: an LLM argument, ranks > 0 in processes
 # Loading a model dominates a small generate call, so LLMs are reused within a process (a second call then finds
 # the first one's prefixes in the radix cache, as a server would). Keep only a few alive (memory).
 _LLMS: OrderedDict[Tuple[Any, ...], LLM] = OrderedDict()
@@ -89,24 +80,15 @@ def generate(model_dir: str, prompts: List[List[int]], max_new_tokens: int, **op
     return [list(r["token_ids"]) for r in results]
 
 
-# ---- the real server, for end-to-end tests (appended to harness.py in phase 2) ----------------------------------
-
 _REPO = Path(__file__).resolve().parents[1]
 # option -> command-line flag of `python -m stage4_fast`
-_FLAGS = {
-    "page_size": "--page-size",
-    "cache_type": "--cache-type",
-    "max_extend_tokens": "--max-prefill-length",
-    "max_running_req": "--max-running-requests",
-    "num_pages": "--num-pages",
-    "attention_backend": "--attention-backend",
-    "tp": "--tp",
-    "kv_cache_dtype": "--kv-cache-dtype",
-}
+_FLAGS = {"page_size": "--page-size", "cache_type": "--cache-type", "max_extend_tokens": "--max-prefill-length",
+          "max_running_req": "--max-running-requests", "num_pages": "--num-pages",
+          "attention_backend": "--attention-backend", "tp": "--tp", "kv_cache_dtype": "--kv-cache-dtype"}
 
 
 def _die_with_parent() -> None:
-    """In the server's process, before exec: a test run that is killed takes its server with it (Linux)."""
+    """Before exec: a killed test run takes its server with it (Linux)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -211,7 +193,7 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
 
 
 def _is_failure(e: BaseException) -> bool:
-    """A test that failed (an assertion, an error, a timeout), not one that skipped or a generator closed early."""
+    """A test that failed, not one that skipped or a generator closed early."""
     return not isinstance(e, GeneratorExit) and type(e).__name__ not in ("Skipped", "XFailed")
 
 

@@ -1,15 +1,8 @@
 """`python -m stage4_fast.serve [flags]`: the server with every stage-4 default on — the main way to run this stage.
 
-It takes `python -m stage4_fast`'s flags (upstream's CLI) and leaves every choice on "auto", which resolves per
-device:
-
-* GPU: our Triton attention (+ FlashAttention 4 prefill on sm90+ when installed; FlashInfer with `--attn fi`);
-  CUDA graphs for decode batches up to 256 (160 on a GPU with 60 GiB free or less); the fused Triton MoE;
-  the JIT-built CUDA kernels for the KV store and the embedding lookup; overlap scheduling; `--tp N` over NCCL.
-* CPU: the torch reference attention and MoE, no graphs (`--cuda-graph-max-bs 16` turns the emulation on), overlap
-  scheduling, `--tp N` over gloo.
-
-Before starting it prints what "auto" resolved to on this machine.
+It takes `python -m stage4_fast`'s flags, leaves every choice on "auto" (GPU: Triton / FlashAttention attention, CUDA
+graphs, fused Triton MoE, JIT kernels, NCCL; CPU: the torch references, no graphs, gloo) and prints what "auto"
+resolved to before starting.
 """
 
 from __future__ import annotations

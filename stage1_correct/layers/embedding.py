@@ -28,14 +28,8 @@ class VocabParallelEmbedding(BaseOP):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        bias: bool = False,
-        tie_word_embeddings: bool = False,
-        tied_embedding: VocabParallelEmbedding | None = None,
-    ):
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tie_word_embeddings: bool = False,
+                 tied_embedding: VocabParallelEmbedding | None = None):
         assert (tied_embedding is not None) == tie_word_embeddings, "give tied_embedding iff tie_word_embeddings"
         super().__init__(num_embeddings, embedding_dim)
         self.bias = torch.empty(self.num_embeddings_tp) if bias else None
@@ -48,9 +42,8 @@ class ParallelLMHead(VocabParallelEmbedding):
             return {} if result is None else result
         return super().state_dict(prefix=prefix, result=result)
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         if self._tied_embedding is not None:
             # some tied checkpoints still store a copy of the head: it is the embedding, drop it
             state_dict.pop(f"{prefix}.weight", None)

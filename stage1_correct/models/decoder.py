@@ -34,12 +34,8 @@ class DecoderLayer(BaseOP):
 class DecoderModel(BaseOP):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool, has_qk_norm: bool):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = OPList(
-            [
-                DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
-                for i in range(config.num_layers)
-            ]
-        )
+        self.layers = OPList([DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
+                              for i in range(config.num_layers)])
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -53,12 +49,8 @@ class DecoderForCausalLM(BaseLLMModel):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool = False, has_qk_norm: bool = False):
         self.model = DecoderModel(config, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
         tied = config.tie_word_embeddings
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            tie_word_embeddings=tied,
-            tied_embedding=self.model.embed_tokens if tied else None,
-        )
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_word_embeddings=tied,
+                                      tied_embedding=self.model.embed_tokens if tied else None)
 
     def forward(self) -> torch.Tensor:
         return self.lm_head.forward(self.model.forward(get_global_ctx().batch.input_ids))

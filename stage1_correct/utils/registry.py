@@ -34,6 +34,5 @@ class Registry(Generic[T]):
     def assert_supported(self, names: Iterable[str]) -> None:
         for name in names:
             if name not in self._items:
-                raise argparse.ArgumentTypeError(
-                    f"unsupported {self._type} {name!r}; supported: {self.supported_names()}"
-                )
+                raise argparse.ArgumentTypeError(f"unsupported {self._type} {name!r}; "
+                                                 f"supported: {self.supported_names()}")

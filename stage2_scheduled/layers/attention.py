@@ -19,16 +19,8 @@ class AttentionLayer(StateLessOP):
     """Splits the fused qkv, applies the optional per-head q/k norm (Qwen3) and RoPE, then hands q/k/v to the
     context's attention backend, which stores this step's K/V in the pool and attends against the pool."""
 
-    def __init__(
-        self,
-        layer_id: int,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        rotary_config: RotaryConfig,
-        q_norm: RMSNorm | None = None,
-        k_norm: RMSNorm | None = None,
-    ):
+    def __init__(self, layer_id: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, rotary_config: RotaryConfig,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
         tp = get_tp_info().size
         self.layer_id = layer_id
         self.head_dim = head_dim
@@ -37,13 +29,8 @@ class AttentionLayer(StateLessOP):
         self.qo_attn_dim = self.num_qo_heads * head_dim
         self.kv_attn_dim = self.num_kv_heads * head_dim
         scaling = rotary_config.scaling
-        self.rotary = get_rope(
-            rotary_config.head_dim,
-            rotary_config.rotary_dim,
-            rotary_config.max_position,
-            rotary_config.base,
-            tuple(sorted(scaling.items())) if scaling else None,
-        )
+        self.rotary = get_rope(rotary_config.head_dim, rotary_config.rotary_dim, rotary_config.max_position,
+                               rotary_config.base, tuple(sorted(scaling.items())) if scaling else None)
         self._q_norm = q_norm  # owned (and loaded) by the parent attention block
         self._k_norm = k_norm
 

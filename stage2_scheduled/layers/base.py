@@ -1,8 +1,5 @@
-"""Ops without nn.Module: weights are plain tensor attributes, found by walking __dict__.
-
-Building a model under torch.device("meta") gives shapes without memory; load_state_dict then *replaces* each
-meta tensor with the loaded one, so the weights exist exactly once.
-"""
+"""Ops without nn.Module: weights are plain tensor attributes, found by walking __dict__. A model built on the
+meta device has shapes only; load_state_dict replaces each meta tensor, so the weights exist exactly once."""
 
 from __future__ import annotations
 
@@ -33,9 +30,8 @@ class BaseOP(ABC):
                 value.state_dict(prefix=_join(prefix, name), result=result)
         return result
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         """Consumes (pops) the keys this op owns; at the top level anything left over is an error."""
         for name, value in list(self.__dict__.items()):
             if name.startswith("_"):
@@ -58,9 +54,8 @@ class StateLessOP(BaseOP):
     def state_dict(self, *, prefix: str = "", result: Dict[str, torch.Tensor] | None = None) -> Dict[str, torch.Tensor]:
         return {} if result is None else result
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         if not _internal and state_dict:
             raise RuntimeError(f"unexpected weights: {sorted(state_dict)[:8]}")
 
@@ -78,9 +73,8 @@ class OPList(BaseOP, Generic[_T]):
             op.state_dict(prefix=_join(prefix, str(i)), result=result)
         return result
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         for i, op in enumerate(self.op_list):
             op.load_state_dict(state_dict, prefix=_join(prefix, str(i)), _internal=True)
         if not _internal and state_dict:

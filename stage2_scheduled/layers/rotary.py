@@ -40,15 +40,9 @@ def _linear_post_process(scaling: Dict[str, Any]) -> Callable[[torch.Tensor], to
 
 
 class RotaryEmbedding(StateLessOP):
-    def __init__(
-        self,
-        head_size: int,
-        rotary_dim: int,
-        max_position_embeddings: int,
-        base: float,
-        post_process: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        device: torch.device | str = "cpu",
-    ):
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
+                 post_process: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 device: torch.device | str = "cpu"):
         # Partial rotary (rotary_dim < head_size) is not needed by the supported models.
         assert rotary_dim == head_size, "partial rotary embedding is not supported"
         self.head_size = head_size
@@ -79,9 +73,8 @@ class RotaryEmbedding(StateLessOP):
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return x * cos + x.roll(self.rotary_dim // 2, dims=-1) * sin
 
-    def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None
-    ) -> Tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, positions: torch.Tensor, query: torch.Tensor,
+                key: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor | None]:
         """query/key: [T, heads, head_size] -> rotated copies (upstream rotates in place with a FlashInfer kernel).
         key may be None when the caller stacked the q and k heads into query: one pass instead of two."""
         cos, sin = self._cos_sin(positions, query.dtype)
@@ -98,27 +91,16 @@ def set_rope_device(device: torch.device) -> None:
     _ROPE_DEVICE = device
 
 
-def get_rope(
-    head_dim: int,
-    rotary_dim: int,
-    max_position: int,
-    base: float,
-    rope_scaling: Tuple[Tuple[str, Any], ...] | None = None,
-) -> RotaryEmbedding:
+def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
+             rope_scaling: Tuple[Tuple[str, Any], ...] | None = None) -> RotaryEmbedding:
     """One shared instance per (parameters, device); rope_scaling is the scaling dict as sorted items (hashable)."""
     device = _ROPE_DEVICE if _ROPE_DEVICE is not None else torch.device("cpu")
     return _get_rope(head_dim, rotary_dim, max_position, base, rope_scaling, device)
 
 
 @functools.cache
-def _get_rope(
-    head_dim: int,
-    rotary_dim: int,
-    max_position: int,
-    base: float,
-    rope_scaling: Tuple[Tuple[str, Any], ...] | None,
-    device: torch.device,
-) -> RotaryEmbedding:
+def _get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
+              rope_scaling: Tuple[Tuple[str, Any], ...] | None, device: torch.device) -> RotaryEmbedding:
     post_process = None
     if rope_scaling is not None:
         scaling = dict(rope_scaling)

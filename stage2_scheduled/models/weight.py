@@ -16,13 +16,8 @@ from ..utils import div_ceil
 from ..utils.hf import download_hf_weight
 
 # part name -> (fused name, position in the concatenation)
-_MERGE = {
-    ".q_proj": (".qkv_proj", 0),
-    ".k_proj": (".qkv_proj", 1),
-    ".v_proj": (".qkv_proj", 2),
-    ".gate_proj": (".gate_up_proj", 0),
-    ".up_proj": (".gate_up_proj", 1),
-}
+_MERGE = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
+          ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
 _GROUP_SIZE = {".qkv_proj": 3, ".gate_up_proj": 2}
 
 

@@ -1,5 +1,4 @@
-"""The thin device layer: CUDA streams, events and pinned memory are real on a GPU and no-ops on CPU, so the
-engine code reads the same on both (upstream assumes CUDA everywhere)."""
+"""CUDA streams, events and pinned memory, real on a GPU and no-ops on CPU (upstream assumes CUDA everywhere)."""
 
 from __future__ import annotations
 
@@ -46,10 +45,8 @@ def is_cuda(device: torch.device) -> bool:
 
 
 def free_device_memory(device: torch.device) -> int:
-    """Bytes free on a GPU to size a KV pool from (0 on CPU). What engines shut down earlier in this process still
-    hold (blocks in torch's allocator cache, or objects in reference cycles not yet collected) goes back to the
-    device first: measured without that, a second engine in one process got a pool the size of what the first left
-    over (SGLang's get_available_gpu_memory also empties the cache before it measures)."""
+    """Bytes free on a GPU to size a KV pool from (0 on CPU), after returning what engines shut down earlier still
+    hold (cached blocks, uncollected cycles), else a second engine's pool gets only what the first left over."""
     if not is_cuda(device):
         return 0
     gc.collect()

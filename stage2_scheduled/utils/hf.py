@@ -38,9 +38,8 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
     (safetensors + json + tokenizer files) after a quick reachability check so an offline machine fails fast."""
     if model is None:
         if not DEFAULT_MODEL_PATH.is_dir():
-            raise ModelNotFoundError(
-                f"default model not found at {DEFAULT_MODEL_PATH}; prepare it with `python -m models prepare smollm2`"
-            )
+            raise ModelNotFoundError(f"default model not found at {DEFAULT_MODEL_PATH}; "
+                                     "prepare it with `python -m models prepare smollm2`")
         return str(DEFAULT_MODEL_PATH)
     path = Path(model).expanduser()
     if path.is_dir():
@@ -50,10 +49,8 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
     if _looks_like_path(str(model)):  # not a hub id: asking the hub would only say "invalid repo id"
         raise ModelNotFoundError(f"no model directory at {path}")
     if os.environ.get("HF_HUB_OFFLINE") != "1" and not _hub_reachable():
-        raise ModelNotFoundError(
-            f"{str(model)!r} is not a local directory and huggingface.co cannot be reached; "
-            "pass a local model directory (or run `python -m models prepare smollm2` for the default model)"
-        )
+        raise ModelNotFoundError(f"{str(model)!r} is not a local directory and huggingface.co cannot be reached; "
+                                 "pass a local model directory (or `python -m models prepare smollm2`)")
     from huggingface_hub import snapshot_download
 
     return snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])

@@ -4,8 +4,7 @@ from typing import Any, Callable
 
 
 def div_even(a: int, b: int, allow_replicate: bool = False) -> int:
-    """a / b, which must divide exactly. With allow_replicate, b > a is allowed when a divides b (more ranks than
-    KV heads: each head is replicated), and the share is 1."""
+    """a / b, which must divide exactly; with allow_replicate, b > a (a dividing b: replicated KV heads) gives 1."""
     if allow_replicate and b > a:
         assert b % a == 0, f"{b} is not a multiple of {a}"
         return 1

@@ -22,8 +22,7 @@ _TP_INFO: DistributedInfo | None = None
 
 
 def set_tp_info(rank: int, size: int) -> None:
-    # Upstream forbids a second call. Several engines may live in one process here (tests), so setting the same
-    # value again is fine; only a conflicting value is an error.
+    # upstream forbids a second call; several engines may live in one process here, so only a conflict is an error
     global _TP_INFO
     info = DistributedInfo(rank, size)
     if _TP_INFO is not None and _TP_INFO != info:

@@ -10,5 +10,4 @@ from ..layers import BaseOP
 class BaseLLMModel(BaseOP):  # BaseOP is already an ABC
     @abstractmethod
     def forward(self) -> torch.Tensor:
-        """Reads the current batch from the global context; returns logits [rows, vocab] (one row per request in
-        prefill, one per padded request in decode)."""
+        """Reads the current batch from the global context; returns logits [rows, vocab] (a row per request)."""

@@ -9,9 +9,7 @@ from tqdm import tqdm
 
 
 def setup_worker_process(role: str) -> None:
-    """Name the process `minisgl::<role>` in `ps` / `top` (as SGLang's `sglang::scheduler`), and give tqdm a thread
-    lock: its default is a multiprocessing RLock, a named semaphore registered with multiprocessing's resource
-    tracker that a killed worker never unregisters ("There appear to be 1 leaked semaphore objects to clean up at
-    shutdown"); a worker's progress bars share nothing with other processes."""
+    """Name the process `minisgl::<role>` in `ps`, and give tqdm a thread lock: its default multiprocessing RLock is
+    a named semaphore that a killed worker leaks ("leaked semaphore objects" at shutdown)."""
     setproctitle(f"minisgl::{role}")
     tqdm.set_lock(threading.RLock())

@@ -20,11 +20,8 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 def init_process_group(tp_info: DistributedInfo, addr: str, device: torch.device,
                        timeout_s: float = 60.0) -> dist.ProcessGroup | None:
-    """Join the TP group at ``addr`` (``tcp://host:port``): NCCL for GPU tensors, gloo on CPU.
-
-    Returns the gloo group for host-side messages (the CPU group upstream calls ``tp_cpu_group``): a separate gloo
-    group next to NCCL on a GPU, the world group itself on CPU, None for a single rank (nothing to talk to).
-    """
+    """Join the TP group at ``addr`` (``tcp://host:port``): NCCL for GPU tensors, gloo on CPU. Returns the gloo
+    group for host-side messages (upstream's ``tp_cpu_group``); None for a single rank."""
     if tp_info.size == 1:
         return None
     backend = "nccl" if device.type == "cuda" else "gloo"

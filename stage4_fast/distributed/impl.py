@@ -1,9 +1,5 @@
-"""Collectives behind one interface: the layers call ``DistributedCommunicator().all_reduce/all_gather`` and never
-see which library moves the bytes.
-
-Upstream keeps a plugin list (torch.distributed first, then its own PyNCCL wrapper) and uses the last one. We keep
-the plugin list but ship only the torch.distributed implementation: NCCL on a GPU, gloo on CPU.
-"""
+"""Collectives behind one interface (``DistributedCommunicator``), as upstream's plugin list (the last one wins);
+only the torch.distributed plugin ships: NCCL on a GPU, gloo on CPU."""
 
 from __future__ import annotations
 

@@ -17,27 +17,17 @@ if TYPE_CHECKING:
 
 
 def fused_kv_store_applies(pool_dtype: torch.dtype, activation_dtype: torch.dtype) -> bool:
-    """Whether the fused q/k norm + RoPE kernel also writes this step's K/V into the pool (one launch per layer less
-    than a store kernel of their own): where the pool stores the activations' dtype, or fp8 (quantized in the
-    kernel as the store kernel would)."""
+    """Whether the fused q/k norm + RoPE kernel also writes this step's K/V into the pool (one launch less): where
+    the pool stores the activations' dtype, or fp8 (quantized in the kernel)."""
     return pool_dtype == activation_dtype or is_fp8(pool_dtype)
 
 
 class AttentionLayer(StateLessOP):
     """Splits the fused qkv, applies the optional per-head q/k norm (Qwen3) and RoPE, then hands q/k/v to the
-    context's attention backend, which stores this step's K/V in the pool and attends against the pool. On a GPU
-    in 16 bits one Triton kernel does the norm and RoPE and, into a pool of the same dtype, the store too."""
+    context's attention backend, which stores this step's K/V in the pool and attends against the pool."""
 
-    def __init__(
-        self,
-        layer_id: int,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        rotary_config: RotaryConfig,
-        q_norm: RMSNorm | None = None,
-        k_norm: RMSNorm | None = None,
-    ):
+    def __init__(self, layer_id: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, rotary_config: RotaryConfig,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
         tp = get_tp_info().size
         self.layer_id = layer_id
         self.head_dim = head_dim
@@ -46,13 +36,8 @@ class AttentionLayer(StateLessOP):
         self.qo_attn_dim = self.num_qo_heads * head_dim
         self.kv_attn_dim = self.num_kv_heads * head_dim
         scaling = rotary_config.scaling
-        self.rotary = get_rope(
-            rotary_config.head_dim,
-            rotary_config.rotary_dim,
-            rotary_config.max_position,
-            rotary_config.base,
-            tuple(sorted(scaling.items())) if scaling else None,
-        )
+        self.rotary = get_rope(rotary_config.head_dim, rotary_config.rotary_dim, rotary_config.max_position,
+                               rotary_config.base, tuple(sorted(scaling.items())) if scaling else None)
         self._q_norm = q_norm  # owned (and loaded) by the parent attention block
         self._k_norm = k_norm
 

@@ -13,12 +13,8 @@ from .base import BaseOP
 
 
 class VocabParallelEmbedding(BaseOP):
-    """Token embedding split by vocabulary: rank r holds rows [r * ceil(V/tp), ...). Each rank looks up the ids in
-    its range (others give zero rows) and the ranks' rows are summed.
-
-    Every rank's table has ceil(V/tp) rows; when tp does not divide V the last shard is padded with zero rows
-    (upstream sizes it ceil(V/tp) but loads a shorter shard, which fails).
-    """
+    """Token embedding split by vocabulary: rank r holds rows [r * ceil(V/tp), ...), ids outside give zero rows,
+    the ranks' rows are summed. The last shard is padded with zero rows (upstream loads it short, which fails)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         tp = get_tp_info()
@@ -37,14 +33,8 @@ class VocabParallelEmbedding(BaseOP):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        bias: bool = False,
-        tie_word_embeddings: bool = False,
-        tied_embedding: VocabParallelEmbedding | None = None,
-    ):
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tie_word_embeddings: bool = False,
+                 tied_embedding: VocabParallelEmbedding | None = None):
         assert (tied_embedding is not None) == tie_word_embeddings, "give tied_embedding iff tie_word_embeddings"
         super().__init__(num_embeddings, embedding_dim)
         self.bias = torch.empty(self.num_embeddings_tp) if bias else None
@@ -57,9 +47,8 @@ class ParallelLMHead(VocabParallelEmbedding):
             return {} if result is None else result
         return super().state_dict(prefix=prefix, result=result)
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         if self._tied_embedding is not None:
             # some tied checkpoints still store a copy of the head: it is the embedding, drop it
             state_dict.pop(f"{prefix}.weight", None)
@@ -78,14 +67,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         return self.compute_logits(x, out=batch.logits_out)
 
     def warm_up_gemms(self, x: torch.Tensor) -> None:
-        """The cuBLAS call of ``compute_logits`` for ``x``'s rows (a prefill step's requests), without
-        communication (``layers/linear.py: warm_up_gemms``)."""
+        """The cuBLAS call of ``compute_logits`` for ``x``'s rows, without communication (``linear.warm_up_gemms``)."""
         weight = self._tied_embedding.weight if self._tied_embedding is not None else self.weight
         F.linear(x, weight, self.bias)
 
     def compute_logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of any rows of final hidden states (every rank calls it with the same rows); into ``out`` when
-        given (the same GEMM as F.linear, written in place)."""
+        """Logits of any rows of final hidden states (the same rows on every rank); into ``out`` when given."""
         weight = self._tied_embedding.weight if self._tied_embedding is not None else self.weight
         if self.tp_size == 1:
             if out is None:

@@ -43,15 +43,13 @@ class _LinearTPImpl(BaseOP):
         return linear(x, self.weight, self.bias)
 
     def warm_up_gemms(self, x: torch.Tensor, residual: torch.Tensor | None) -> None:
-        """The cuBLAS calls a forward of ``x``'s rows makes through this layer, without communication (see
-        ``warm_up_gemms`` below); ``residual``: a [rows, out] buffer for a layer that adds into the residual."""
+        """This layer's cuBLAS calls for ``x``'s rows, without communication; ``residual``: a [rows, out] buffer."""
         F.linear(x, self.weight, self.bias)
 
     def forward_after_norm(self, norm: RMSNormFused, x: torch.Tensor,
                            residual: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``norm.forward(x, residual)`` then this layer: (output, the residual stream). A one-token 16-bit GPU
-        forward takes one GEMV kernel with the add-RMSNorm folded in (no kernel, no round trip for the normed
-        row). For layers whose input is whole on every rank (column-parallel, replicated): a norm needs the row."""
+        """``norm.forward(x, residual)`` then this layer: (output, residual stream); one GEMV kernel for a one-token
+        16-bit GPU forward. Only for layers whose input is whole on every rank (a norm needs the row)."""
         gemv = gemv_kernel_for(x)
         fold = gemv is not None and self.weight.stride(-1) == 1
         if fold and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1):
@@ -111,9 +109,8 @@ class LinearRowParallel(_LinearTPImpl):
             residual.addmm_(x, self.weight.t())
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + this layer's output, written over ``residual`` (returned): the add rides in the GEMM
-        (C = 1 * residual + x W^T), no kernel of its own. Several ranks: rank 0's GEMM adds the residual to its
-        partial sum, the others overwrite theirs, and the sum over ranks is the new residual."""
+        """residual + this layer's output, written over ``residual``: the add rides in the GEMM (beta = 1); under
+        TP only rank 0's partial sum adds the residual before the all-reduce."""
         if self.bias is not None:
             return residual.add_(self.forward(x))
         if self._tp_size == 1:
@@ -130,11 +127,8 @@ class LinearOProj(LinearRowParallel):
 
 
 def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
-    """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros; the outputs are dropped).
-
-    cuBLAS chooses a kernel on the host the first time it sees a GEMM's shape. A prefill step's token count is often
-    a new one (a burst's first and last steps, a lone prompt), and an eager prefill step is launched at the host's
-    pace, so the device would wait for those choices. Returns the number of distinct projections."""
+    """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros), so that cuBLAS's first-call
+    kernel choice for a new shape is not paid by an eager prefill step. Returns the number of distinct projections."""
     layers: Dict[tuple, _LinearTPImpl] = {}
     for op in model.walk():
         if isinstance(op, _LinearTPImpl):

@@ -9,11 +9,8 @@ from .base import BaseOP
 
 
 class MoELayer(BaseOP):
-    """The experts of one sparse MLP, stacked: ``gate_up_proj`` [E, 2 * I/tp, H] and ``down_proj`` [E, H, I/tp].
-
-    Expert TP splits every expert's intermediate dim across ranks (like a dense MLP's gate/up/down), so each rank
-    computes a partial sum for every token and one all-reduce completes it.
-    """
+    """The experts of one sparse MLP, stacked: ``gate_up_proj`` [E, 2 * I/tp, H] and ``down_proj`` [E, H, I/tp];
+    TP splits every expert's intermediate dim, so one all-reduce sums the ranks' partial outputs."""
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool = True, activation: str = "silu", apply_router_weight_on_input: bool = False):

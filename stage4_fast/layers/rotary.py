@@ -40,15 +40,9 @@ def _linear_post_process(scaling: Dict[str, Any]) -> Callable[[torch.Tensor], to
 
 
 class RotaryEmbedding(StateLessOP):
-    def __init__(
-        self,
-        head_size: int,
-        rotary_dim: int,
-        max_position_embeddings: int,
-        base: float,
-        post_process: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        device: torch.device | str = "cpu",
-    ):
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
+                 post_process: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 device: torch.device | str = "cpu"):
         # Partial rotary (rotary_dim < head_size) is not needed by the supported models.
         assert rotary_dim == head_size, "partial rotary embedding is not supported"
         self.head_size = head_size
@@ -61,10 +55,8 @@ class RotaryEmbedding(StateLessOP):
         freqs = positions[:, None] * inv_freq[None, :]  # fp32, as HF computes them
         # [max_pos, rotary_dim] = cos | sin (each rotary_dim / 2 wide); private, so never saved or loaded
         self._cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
-        # Every layer shares this op and sees the same positions tensor during one forward, so the gather of
-        # cos/sin happens once per forward instead of once per layer. A captured graph's positions buffer is
-        # rewritten in place between replays, so the memo also checks the tensor's version counter, and it is
-        # bypassed while a CUDA graph is being captured (the gather must be part of the graph).
+        # every layer shares this op, so cos/sin are gathered once per forward: memoised per positions tensor and
+        # its version (a graph's buffer is rewritten in place), bypassed while capturing (the graph must gather)
         self._memo: Tuple[torch.Tensor, int, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -88,9 +80,8 @@ class RotaryEmbedding(StateLessOP):
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return x * cos + x.roll(self.rotary_dim // 2, dims=-1) * sin
 
-    def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None
-    ) -> Tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, positions: torch.Tensor, query: torch.Tensor,
+                key: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor | None]:
         """query/key: [T, heads, head_size] -> rotated copies (upstream rotates in place with a FlashInfer kernel).
         key may be None when the caller stacked the q and k heads into query: one pass instead of two."""
         cos, sin = self._cos_sin(positions, query.dtype)
@@ -107,27 +98,16 @@ def set_rope_device(device: torch.device) -> None:
     _ROPE_DEVICE = device
 
 
-def get_rope(
-    head_dim: int,
-    rotary_dim: int,
-    max_position: int,
-    base: float,
-    rope_scaling: Tuple[Tuple[str, Any], ...] | None = None,
-) -> RotaryEmbedding:
+def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
+             rope_scaling: Tuple[Tuple[str, Any], ...] | None = None) -> RotaryEmbedding:
     """One shared instance per (parameters, device); rope_scaling is the scaling dict as sorted items (hashable)."""
     device = _ROPE_DEVICE if _ROPE_DEVICE is not None else torch.device("cpu")
     return _get_rope(head_dim, rotary_dim, max_position, base, rope_scaling, device)
 
 
 @functools.cache
-def _get_rope(
-    head_dim: int,
-    rotary_dim: int,
-    max_position: int,
-    base: float,
-    rope_scaling: Tuple[Tuple[str, Any], ...] | None,
-    device: torch.device,
-) -> RotaryEmbedding:
+def _get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
+              rope_scaling: Tuple[Tuple[str, Any], ...] | None, device: torch.device) -> RotaryEmbedding:
     post_process = None
     if rope_scaling is not None:
         scaling = dict(rope_scaling)

@@ -9,10 +9,8 @@ from ..layers import BaseOP
 
 class BaseLLMModel(BaseOP):  # BaseOP is already an ABC
     def after_load(self) -> None:
-        """Called once the weights are in, before the first forward: a model may rearrange them for its forward
-        (the decoder folds norm weights into projections); nothing by default."""
+        """Called once the weights are in, before the first forward: a model may rearrange them."""
 
     @abstractmethod
     def forward(self) -> torch.Tensor:
-        """Reads the current batch from the global context; returns logits [rows, vocab] (one row per request in
-        prefill, one per padded request in decode)."""
+        """Reads the current batch from the global context; returns logits [rows, vocab] (a row per request)."""

@@ -74,9 +74,8 @@ class ModelConfig:
         return "moe" in self.model_type
 
     def is_sparse_layer(self, layer_id: int) -> bool:
-        """Whether the layer's MLP is the sparse MoE block, by HF's rule (`Qwen3MoeDecoderLayer`): not listed in
-        `mlp_only_layers`, and every `decoder_sparse_step`-th layer counting from 1. The others are dense MLPs of
-        `intermediate_size`."""
+        """Whether the layer's MLP is the sparse MoE block, by HF's rule: not in `mlp_only_layers`, and every
+        `decoder_sparse_step`-th layer counting from 1."""
         return (self.is_moe and self.num_experts > 0 and layer_id not in self.mlp_only_layers
                 and (layer_id + 1) % self.decoder_sparse_step == 0)
 
@@ -98,13 +97,8 @@ class ModelConfig:
             vocab_size=cfg["vocab_size"],
             intermediate_size=cfg["intermediate_size"],
             rms_norm_eps=cfg["rms_norm_eps"],
-            rotary_config=RotaryConfig(
-                head_dim=head_dim,
-                rotary_dim=int(head_dim * _partial_rotary_factor(cfg)),
-                max_position=cfg["max_position_embeddings"],
-                base=theta,
-                scaling=scaling,
-            ),
+            rotary_config=RotaryConfig(head_dim=head_dim, rotary_dim=int(head_dim * _partial_rotary_factor(cfg)),
+                                       max_position=cfg["max_position_embeddings"], base=theta, scaling=scaling),
             hidden_act=cfg.get("hidden_act", "silu"),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=cfg.get("num_local_experts") or cfg.get("num_experts") or 0,

@@ -5,14 +5,10 @@ puts one on every layer and cannot load a model with dense layers).
 Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj), e.g.
 `model.layers.3.self_attn.qkv_proj.weight`.
 
-Deferred norms (bf16 on a GPU). A layer's two RMSNorms, norm(h) = w * h * r(h) with r(h) = rsqrt(mean(h^2) + eps),
-each feed one projection. Folding w into that projection's weight (W diag(w)) leaves a per-row factor, which passes
-through the projection: norm(h) W^T = r(h) * (h (W diag(w))^T). So the projection can read the residual stream h
-itself, and the kernel after it (q/k norm + RoPE, SiLU-and-mul) multiplies its input rows by r(h), read from h's
-row. With the residual adds done by the o and down projections' GEMMs (beta = 1), a layer is 7 kernels instead
-of 9: no norm kernel at all. The bits differ from HF's op order (w is rounded into the weight, r applied after
-the GEMM instead of before), within the bound stage4_fast/tests/test_gpu.py checks; fp32 and fp16 keep the norms
-(fp16's range is too small for a projection of unnormalised rows).
+Deferred norms (bf16 on a GPU): norm(h) W^T = r(h) * (h (W diag(w))^T) with r(h) = rsqrt(mean(h^2) + eps), so w
+is folded into the projection, which reads the residual stream h, and the kernel after it applies r(h); with the
+residual adds in the o and down GEMMs a layer has no norm kernel. fp32 and fp16 keep the norms (fp16's range is too
+small for a projection of unnormalised rows).
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ class DecoderLayer(BaseOP):
         return self.mlp.forward(x), residual
 
     def _forward_one_token(self, x: torch.Tensor, residual: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The same layer for one token (single-stream decode): each add-RMSNorm goes with the projection that
-        reads it, so that a 16-bit GPU forward folds it into that projection's GEMV (two kernels less per layer;
-        elsewhere the same ops as ``forward``)."""
+        """The same layer for one token: each add-RMSNorm goes with the projection after it, which a 16-bit GPU
+        forward folds into that projection's GEMV."""
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = attn.qkv_proj.forward_after_norm(self.input_layernorm, x, residual)
         x = attn.o_proj.forward(attn.attn.forward(qkv))
@@ -59,8 +54,7 @@ class DecoderLayer(BaseOP):
         return mlp.down_proj.forward(gate_up, silu_mul_input=True), residual
 
     def _forward_deferred(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        """The same layer with both norms deferred (module docstring): returns the residual stream after it, the
-        sum that ``forward`` leaves split into (output, residual)."""
+        """The same layer with both norms deferred (module docstring): returns the residual stream after it."""
         h = x if residual is None else residual.add_(x)
         attn, mlp = self.self_attn, self.mlp
         o = attn.attn.forward(attn.qkv_proj.forward(h), row_scale=(h, self.input_layernorm.eps))
@@ -70,8 +64,7 @@ class DecoderLayer(BaseOP):
 
 
 def deferred_norms_apply(layers: list) -> bool:
-    """Whether a stack's norms are deferred (module docstring): dense decoder layers without a qkv bias (it would
-    be scaled with the projection), whose bf16 weights the fused kernels take (a GPU)."""
+    """Whether a stack's norms are deferred: dense layers without a qkv bias (it would be scaled too), bf16 on a GPU."""
     if not layers:
         return False
     if not all(isinstance(layer, DecoderLayer) and isinstance(layer.mlp, GatedMLP)
@@ -88,12 +81,8 @@ def runs_deferred_norms(weight: torch.Tensor) -> bool:
 class DecoderModel(BaseOP):
     def __init__(self, config: ModelConfig, *, has_attn_bias: bool, has_qk_norm: bool):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = OPList(
-            [
-                DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
-                for i in range(config.num_layers)
-            ]
-        )
+        self.layers = OPList([DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
+                              for i in range(config.num_layers)])
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -103,9 +92,8 @@ class DecoderModel(BaseOP):
         return self.norm.forward(x, residual)[0]  # the final norm folds in the last residual
 
     def defer_norms(self) -> None:
-        """Fold each layer's two norm weights into the projections that read the norms and set them to one; from
-        then on forwards of more than one token run without norm kernels (module docstring). One-token forwards
-        keep their norms, now of unit weight (the same product, rounded elsewhere)."""
+        """Fold each layer's norm weights into the projections after them (module docstring); the norms keep unit
+        weight for one-token forwards."""
         for layer in self.layers.op_list:
             for norm, proj in ((layer.input_layernorm, layer.self_attn.qkv_proj),
                                (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
@@ -123,12 +111,8 @@ class DecoderForCausalLM(BaseLLMModel):
         with other layers (the Qwen3.5 hybrid) passes its own stack."""
         self.model = model
         tied = config.tie_word_embeddings
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            tie_word_embeddings=tied,
-            tied_embedding=self.model.embed_tokens if tied else None,
-        )
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_word_embeddings=tied,
+                                      tied_embedding=self.model.embed_tokens if tied else None)
 
     def after_load(self) -> None:
         if deferred_norms_apply(self.model.layers.op_list):

@@ -27,14 +27,9 @@ class LinearAttnConfig:
         unknown = set(types) - {LINEAR, FULL}
         if unknown:
             raise ValueError(f"unsupported layer types {sorted(unknown)}")
-        return cls(
-            layer_types=tuple(types),
-            conv_kernel=cfg["linear_conv_kernel_dim"],
-            num_k_heads=cfg["linear_num_key_heads"],
-            num_v_heads=cfg["linear_num_value_heads"],
-            head_k_dim=cfg["linear_key_head_dim"],
-            head_v_dim=cfg["linear_value_head_dim"],
-        )
+        return cls(layer_types=tuple(types), conv_kernel=cfg["linear_conv_kernel_dim"],
+                   num_k_heads=cfg["linear_num_key_heads"], num_v_heads=cfg["linear_num_value_heads"],
+                   head_k_dim=cfg["linear_key_head_dim"], head_v_dim=cfg["linear_value_head_dim"])
 
     def is_linear(self, layer_id: int) -> bool:
         return self.layer_types[layer_id] == LINEAR

@@ -1,19 +1,11 @@
 """Qwen3.5 (text): a hybrid decoder. Most layers are gated DeltaNet linear attention (a causal conv plus a gated
 delta-rule memory per request); every few layers one is full attention (gated query, partial RoPE, q/k norm).
 
-Parameter names follow HF (`model.layers.0.linear_attn.in_proj_qkv.weight`, ...; q/k/v and gate/up fused by the
-loader, as for the other models). Real checkpoints are the multimodal wrapper (`model.language_model.*`): the
-text weights are renamed, the vision tower and multi-token-prediction head dropped.
-
-Differences from the dense Qwen3 decoder, all as HF computes them:
-* every RMSNorm of the decoder (layer norms, final norm, q/k norms) scales by ``1 + weight``;
-* full attention: q_proj gives [q | gate] per head; the attention output is multiplied by sigmoid(gate); RoPE
-  rotates only the first ``partial_rotary_factor`` of each head;
-* linear attention: see ``kernel/gated_delta.py`` for the recurrence; its output is RMS-normed per head and
-  gated by silu(z) before out_proj.
-
-Tensor parallelism: full attention and the MLP shard as usual; the linear-attention layers are replicated (each
-rank computes them whole and keeps the whole state), which needs no communication and no sharding rule.
+Parameter names follow HF; real checkpoints wrap the text model (`model.language_model.*`), whose weights are
+renamed (vision tower and multi-token-prediction head dropped). As HF: every RMSNorm scales by ``1 + weight``; full
+attention gates its output by sigmoid(gate) and ropes a ``partial_rotary_factor`` of each head; the linear
+attention's output (recurrence: ``kernel/gated_delta.py``) is RMS-normed per head and gated by silu(z). Under TP the
+linear-attention layers are replicated (no communication, no sharding rule).
 """
 
 from __future__ import annotations
@@ -36,8 +28,7 @@ from .utils import GatedMLP
 
 
 class OffsetRMSNorm(BaseOP):
-    """RMSNorm scaling by (1 + weight) (the checkpoint stores weight - 1), with the residual add folded in like
-    RMSNormFused: returns (norm(x + residual), x + residual)."""
+    """RMSNorm scaling by (1 + weight), the residual add folded in: returns (norm(x + residual), x + residual)."""
 
     def __init__(self, size: int, eps: float):
         self.eps = eps
@@ -45,9 +36,8 @@ class OffsetRMSNorm(BaseOP):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor]:
         if residual is not None:
-            residual.add_(x)
-            x = residual
-        return rms_norm(x, 1.0 + self.weight, self.eps), x
+            x = residual.add_(x)
+        return self.norm(x), x
 
     def norm(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, 1.0 + self.weight, self.eps)
@@ -105,8 +95,8 @@ class GatedDeltaNet(BaseOP):
 
 
 class GatedRopeAttn(BaseOP):
-    """Full attention with an output gate and partial RoPE. q_proj's rows are [q_h | gate_h] per head, so the
-    fused qkv_proj is built as a QKV projection with twice the query heads (TP splits it on head boundaries)."""
+    """Full attention with an output gate and partial RoPE; q_proj's rows are [q_h | gate_h] per head, built as a
+    QKV projection of twice the query heads."""
 
     def __init__(self, config: ModelConfig, kv_layer_id: int, has_attn_bias: bool):
         tp = get_tp_info().size
@@ -177,9 +167,8 @@ class Qwen3_5ForCausalLM(DecoderForCausalLM):
             raise ValueError("Qwen3.5 needs layer_types and the linear_* fields in its config")
         self._attach(config, HybridDecoderModel(config))
 
-    def load_state_dict(
-        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
-    ) -> None:
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "",
+                        _internal: bool = False) -> None:
         if not _internal:
             state_dict = _text_weights(state_dict)
         super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)

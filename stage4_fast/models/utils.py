@@ -36,14 +36,9 @@ class MoEMLP(BaseOP):
     """Sparse MLP: a replicated router picks top-k experts per token (Qwen3-MoE)."""
 
     def __init__(self, config: ModelConfig):
-        self.experts = MoELayer(
-            config.num_experts,
-            config.num_experts_per_tok,
-            config.hidden_size,
-            config.moe_intermediate_size,
-            renormalize=config.norm_topk_prob,
-            activation=config.hidden_act,
-        )
+        self.experts = MoELayer(config.num_experts, config.num_experts_per_tok, config.hidden_size,
+                                config.moe_intermediate_size, renormalize=config.norm_topk_prob,
+                                activation=config.hidden_act)
         self.gate = LinearReplicated(config.hidden_size, config.num_experts, has_bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,20 +47,12 @@ class MoEMLP(BaseOP):
 
 class RopeAttn(BaseOP):
     def __init__(self, config: ModelConfig, layer_id: int, *, has_attn_bias: bool = False, has_qk_norm: bool = False):
-        self.qkv_proj = LinearQKVMerged(
-            config.hidden_size, config.head_dim, config.num_qo_heads, config.num_kv_heads, has_bias=has_attn_bias
-        )
+        self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads, config.num_kv_heads,
+                                        has_bias=has_attn_bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None
-        self.attn = AttentionLayer(
-            layer_id,
-            config.num_qo_heads,
-            config.num_kv_heads,
-            config.head_dim,
-            config.rotary_config,
-            q_norm=self.q_norm,
-            k_norm=self.k_norm,
-        )
+        self.attn = AttentionLayer(layer_id, config.num_qo_heads, config.num_kv_heads, config.head_dim,
+                                   config.rotary_config, q_norm=self.q_norm, k_norm=self.k_norm)
         self.o_proj = LinearOProj(config.num_qo_heads * config.head_dim, config.hidden_size, has_bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

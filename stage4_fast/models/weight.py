@@ -1,6 +1,6 @@
-"""Streaming safetensors loader: tensors are read one at a time, sharded for this TP rank and fused (q/k/v ->
-qkv_proj, gate/up -> gate_up_proj) as soon as a group is complete, so no second full copy of the weights exists.
-MoE experts (`...experts.<i>.<name>`) are stacked into one `[E, ...]` tensor per layer once every expert is in."""
+"""Streaming safetensors loader: tensors are read one at a time, sharded for this TP rank and fused (q/k/v, gate/up)
+as soon as a group is complete, so no second full copy of the weights exists. MoE experts are stacked into one
+`[E, ...]` tensor per layer once every expert is in."""
 
 from __future__ import annotations
 
@@ -18,13 +18,8 @@ from ..utils import div_ceil
 from ..utils.hf import download_hf_weight
 
 # part name -> (fused name, position in the concatenation)
-_MERGE = {
-    ".q_proj": (".qkv_proj", 0),
-    ".k_proj": (".qkv_proj", 1),
-    ".v_proj": (".qkv_proj", 2),
-    ".gate_proj": (".gate_up_proj", 0),
-    ".up_proj": (".gate_up_proj", 1),
-}
+_MERGE = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
+          ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
 _GROUP_SIZE = {".qkv_proj": 3, ".gate_up_proj": 2}
 
 
@@ -74,9 +69,8 @@ def _fused_key(key: str) -> Tuple[str, int] | None:
     return None
 
 
-# Per-layer KV-cache scales of fp8 checkpoints (one float each), under the names vLLM and SGLang load:
-# `self_attn.k_scale` (ModelOpt, llm-compressor), `self_attn.attn.k_scale`, `self_attn.k_proj.output_scale`
-# (compressed-tensors); all are yielded as `<prefix>layers.<i>.self_attn.k_scale` / `v_scale`, unsharded.
+# fp8 checkpoints' per-layer KV-cache scales under the names vLLM and SGLang load (`self_attn.k_scale`,
+# `self_attn.attn.k_scale`, `self_attn.k_proj.output_scale`), yielded as `...self_attn.k_scale` / `v_scale`
 _KV_SCALE_ALIAS = re.compile(
     r"^(?P<prefix>.*layers\.\d+\.self_attn)\.(?:attn\.(?P<a>[kv])_scale|(?P<b>[kv])_proj\.output_scale|(?P<c>[kv])_scale)$"
 )
@@ -94,11 +88,8 @@ def kv_scale_name(name: str) -> str | None:
 _EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<idx>\d+)\.(?P<name>.+?)(?:\.weight)?$")
 
 
-def _stack_experts(
-    tensors: Iterator[Tuple[str, torch.Tensor]], num_experts: int
-) -> Iterator[Tuple[str, torch.Tensor]]:
-    """`mlp.experts.3.gate_up_proj.weight` (already sharded and fused per expert) -> buffered, then one
-    `mlp.experts.gate_up_proj` of shape [E, ...] once all experts are seen."""
+def _stack_experts(tensors: Iterator[Tuple[str, torch.Tensor]], num_experts: int) -> Iterator[Tuple[str, torch.Tensor]]:
+    """`mlp.experts.3.gate_up_proj.weight` (sharded and fused) -> one `mlp.experts.gate_up_proj` [E, ...]."""
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
     for name, tensor in tensors:
         match = _EXPERT.match(name) if num_experts else None
@@ -115,9 +106,8 @@ def _stack_experts(
         raise RuntimeError(f"incomplete expert groups in checkpoint: {sorted(pending)[:8]}")
 
 
-def load_weight(
-    model_path: str, device: torch.device, num_kv_heads: int = 0, num_experts: int = 0
-) -> Iterator[Tuple[str, torch.Tensor]]:
+def load_weight(model_path: str, device: torch.device, num_kv_heads: int = 0,
+                num_experts: int = 0) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yields (name, tensor) on `device`, already sharded for this rank and fused, in checkpoint order."""
     yield from _stack_experts(_load_fused(model_path, device, num_kv_heads), num_experts)
 

@@ -1,5 +1,4 @@
-"""The thin device layer: CUDA streams, events and pinned memory are real on a GPU and no-ops on CPU, so the
-engine code reads the same on both (upstream assumes CUDA everywhere)."""
+"""CUDA streams, events and pinned memory, real on a GPU and no-ops on CPU (upstream assumes CUDA everywhere)."""
 
 from __future__ import annotations
 
@@ -49,10 +48,8 @@ def is_cuda(device: torch.device) -> bool:
 
 
 def free_device_memory(device: torch.device) -> int:
-    """Bytes free on a GPU to size a KV pool from (0 on CPU). What engines shut down earlier in this process still
-    hold (blocks in torch's allocator cache, or objects in reference cycles not yet collected) goes back to the
-    device first: measured without that, a second engine in one process got a pool the size of what the first left
-    over (SGLang's get_available_gpu_memory also empties the cache before it measures)."""
+    """Bytes free on a GPU to size a KV pool from (0 on CPU), after returning what engines shut down earlier still
+    hold (cached blocks, uncollected cycles), else a second engine's pool gets only what the first left over."""
     if not is_cuda(device):
         return 0
     gc.collect()
@@ -93,10 +90,8 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def to_device_packed(parts: Sequence[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
-    """Several host vectors of one dtype in one host -> device copy (each copy costs the host a pinned buffer and a
-    launch); each comes back as a view that starts on a 16-byte boundary. Triton compiles a kernel once per class of
-    pointer alignment, so a view at an odd offset would build (on first use, mid-run) a second variant of every
-    kernel it reaches."""
+    """Several host vectors of one dtype in one host -> device copy, each back as a view on a 16-byte boundary
+    (Triton compiles a kernel per pointer-alignment class: an odd offset would build a second variant mid-run)."""
     align = max(1, PACK_ALIGN_BYTES // parts[0].element_size())
     pieces, starts, at = [], [], 0
     for part in parts:

@@ -38,9 +38,8 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
     (safetensors + json + tokenizer files) after a quick reachability check so an offline machine fails fast."""
     if model is None:
         if not DEFAULT_MODEL_PATH.is_dir():
-            raise ModelNotFoundError(
-                f"default model not found at {DEFAULT_MODEL_PATH}; prepare it with `python -m models prepare smollm2`"
-            )
+            raise ModelNotFoundError(f"default model not found at {DEFAULT_MODEL_PATH}; "
+                                     "prepare it with `python -m models prepare smollm2`")
         return str(DEFAULT_MODEL_PATH)
     path = Path(model).expanduser()
     if path.is_dir():
@@ -50,10 +49,8 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> str:
     if _looks_like_path(str(model)):  # not a hub id: asking the hub would only say "invalid repo id"
         raise ModelNotFoundError(f"no model directory at {path}")
     if os.environ.get("HF_HUB_OFFLINE") != "1" and not _hub_reachable():
-        raise ModelNotFoundError(
-            f"{str(model)!r} is not a local directory and huggingface.co cannot be reached; "
-            "pass a local model directory (or run `python -m models prepare smollm2` for the default model)"
-        )
+        raise ModelNotFoundError(f"{str(model)!r} is not a local directory and huggingface.co cannot be reached; "
+                                 "pass a local model directory (or `python -m models prepare smollm2`)")
     from huggingface_hub import snapshot_download
 
     return snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
@@ -79,9 +76,8 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
 
 
 def tp_split_problem(model_path: str, tp: int) -> str | None:
-    """Why the model's attention heads cannot be sharded over `tp` ranks (None when they can): query heads must
-    divide evenly; KV heads must divide evenly or, with more ranks than KV heads, be replicated. The server's
-    CLI and the offline LLM ask before any rank starts, so the answer is a message, not a layer's assertion."""
+    """Why the attention heads cannot be sharded over `tp` ranks (None when they can), asked before any rank starts
+    so that the answer is a message, not a layer's assertion."""
     config = cached_load_hf_config(model_path)
     config = getattr(config, "text_config", None) or config
     q = config.num_attention_heads

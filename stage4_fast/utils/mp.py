@@ -1,8 +1,7 @@
 """ZMQ queues between the server's processes: PUSH/PULL pipes and a PUB/SUB broadcast, sync and asyncio.
 
-Each queue owns its ``zmq.Context`` and one socket; ``create=True`` binds the address, otherwise connects. A message
-is ``msgpack(encoder(obj))``. High-water marks are lifted (0 = unbounded): a message in these pipes is a request or
-a token, and ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued ones.
+A queue owns its context and one socket (``create=True`` binds, else connects); a message is ``msgpack(encoder(obj))``.
+High-water marks are unbounded: ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued messages.
 """
 
 from __future__ import annotations
@@ -98,8 +97,7 @@ class ZmqAsyncPushQueue(_Queue, Generic[T]):
         await self.socket.send(_pack(self.encoder, obj), copy=False)
 
     def put_nowait(self, obj: T) -> None:
-        """Queue without awaiting: usable from ``finally`` blocks of cancelled tasks (aborts). With an unbounded
-        high-water mark the send never has to wait."""
+        """Queue without awaiting (``finally`` blocks of cancelled tasks); an unbounded queue never has to wait."""
         self.socket.send(_pack(self.encoder, obj), copy=False, flags=zmq.NOBLOCK)
 
 
@@ -108,7 +106,6 @@ class ZmqPullQueue(_SyncReceiver[T]):
         self.context = zmq.Context()
         self.socket, self.bound_file = _open(self.context, zmq.PULL, addr, create)
         self.decoder = decoder
-
 
 
 class ZmqAsyncPullQueue(_Queue, Generic[T]):
@@ -122,13 +119,9 @@ class ZmqAsyncPullQueue(_Queue, Generic[T]):
 
 
 class ZmqPubQueue(_Queue, Generic[T]):
-    """Broadcast to every subscriber.
-
-    Fix of upstream's slow-joiner race: a PUB socket silently drops what it publishes before a subscriber's
-    subscription has reached it, and upstream only ran a barrier, which proves the SUB sockets exist, not that they
-    have joined. This is an XPUB socket, which hands each arriving subscription to the publisher, so
-    ``wait_for_subscribers(n)`` can block until n subscribers are in; nothing published after it is lost.
-    """
+    """Broadcast to every subscriber. Fixes upstream's slow-joiner race (PUB drops what it sends before a
+    subscription arrives; upstream's barrier proves only that SUB sockets exist): as an XPUB socket it sees each
+    subscription, so ``wait_for_subscribers(n)`` blocks until n are in and nothing published after is lost."""
 
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
         self.context = zmq.Context()

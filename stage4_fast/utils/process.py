@@ -10,20 +10,15 @@ from tqdm import tqdm
 
 
 def setup_worker_process(role: str) -> None:
-    """Name the process `minisgl::<role>` in `ps` / `top` (as SGLang's `sglang::scheduler`), and give tqdm a thread
-    lock: its default is a multiprocessing RLock, a named semaphore registered with multiprocessing's resource
-    tracker that a killed worker never unregisters ("There appear to be 1 leaked semaphore objects to clean up at
-    shutdown"); a worker's progress bars share nothing with other processes."""
+    """Name the process `minisgl::<role>` in `ps`, and give tqdm a thread lock: its default multiprocessing RLock is
+    a named semaphore that a killed worker leaks ("leaked semaphore objects" at shutdown)."""
     setproctitle(f"minisgl::{role}")
     tqdm.set_lock(threading.RLock())
 
 
 def freeze_startup_heap() -> None:
-    """Collect once, then move every object alive now into the permanent generation (`gc.freeze`), where the
-    collector no longer walks it. A server process keeps its modules, model and app until it exits, and its
-    requests allocate steadily, so every oldest-generation collection would walk that whole start-up heap, a pause
-    of every request the process serves. What it allocates from here on is collected as before. vLLM freezes its
-    workers' heap after warm-up (`freeze_gc_heap`) and SGLang has a `freeze_gc` call for the same. Only for a
-    process the engine owns: an object frozen here is never collected, even if it later becomes garbage."""
+    """Move every object alive now out of the collector's reach (`gc.freeze`, as vLLM and SGLang do): a full
+    collection would otherwise walk the whole start-up heap (model, modules, app), pausing every request. Only for a
+    process the engine owns: a frozen object is never collected."""
     gc.collect()
     gc.freeze()

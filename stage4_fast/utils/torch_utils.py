@@ -21,6 +21,5 @@ def torch_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def int_tensor(values: Sequence[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """A host tensor of Python ints, built through numpy: torch.tensor(list) converts element by element, and the
-    scheduler builds several such rows every step."""
+    """A host tensor of Python ints, built through numpy (torch.tensor(list) converts element by element)."""
     return torch.from_numpy(np.array(values, dtype=_NUMPY_INTS[dtype]))
