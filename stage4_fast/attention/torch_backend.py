@@ -3,9 +3,7 @@
 Scores are never formed for the whole batch at once: a decode batch attends one query per request against that
 request's own keys (padded to the longest), and a prefill attends request by request with SDPA. All index tensors
 (which slots each request reads, masks) are built once per forward in prepare_metadata, not once per layer.
-
-A pool that stores another dtype than the model's (``--kv-cache-dtype``, e.g. fp8) is dequantized on read: the
-gathered rows are converted to the query's dtype and multiplied by the layer's scale (``kernel/ref.dequantize_kv``).
+A pool of another dtype (``--kv-cache-dtype``) is dequantized on read (``kernel/ref.dequantize_kv``).
 """
 
 from __future__ import annotations
@@ -49,9 +47,7 @@ class TorchAttnMetadata(BaseAttnMetadata):
 
 @dataclass
 class TorchCaptureData:
-    """Graph hooks (CPU emulation of CUDA graphs): a captured decode reads each request's page-table row and length
-    from these fixed buffers and rebuilds its slot indices from them in every layer, so a replay sees exactly what
-    was copied in."""
+    """CPU graph emulation: a captured decode rebuilds its slot indices from these fixed buffers in every layer."""
 
     table_idx: torch.Tensor  # [bs] page-table rows
     seq_lens: torch.Tensor  # [bs] device lengths
@@ -99,9 +95,8 @@ class TorchBackend(BaseAttnBackend):
             segments.append(PrefillSegment(start, end, kv_indices, mask))
         batch.attn_metadata = TorchAttnMetadata(**common, is_decode=False, segments=segments)
 
-    def _decode_indices(
-        self, rows: torch.Tensor, lens: torch.Tensor, max_len: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _decode_indices(self, rows: torch.Tensor, lens: torch.Tensor,
+                        max_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         kv_indices = self.page_table[rows, :max_len].to(torch.int64)
         valid = torch.arange(max_len, device=rows.device)[None, :] < lens[:, None]
         # Padding points at the request's own first slot: written, so finite (a 0 weight times garbage could be NaN).
@@ -158,22 +153,16 @@ class TorchBackend(BaseAttnBackend):
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
         max_bs = max(bs_list)
         device = self.page_table.device
-        self.capture = TorchCaptureData(
-            table_idx=torch.zeros(max_bs, dtype=torch.int64, device=device),
-            seq_lens=torch.ones(max_bs, dtype=torch.int64, device=device),
-        )
+        self.capture = TorchCaptureData(table_idx=torch.zeros(max_bs, dtype=torch.int64, device=device),
+                                        seq_lens=torch.ones(max_bs, dtype=torch.int64, device=device))
 
     def prepare_for_capture(self, batch: Batch) -> None:
         assert self.capture is not None, "init_capture_graph first"
         bs = batch.padded_size
-        batch.attn_metadata = TorchAttnMetadata(
-            out_loc=batch.out_loc,  # the graph runner's input buffer (set_batch runs first)
-            last_indices=torch.arange(bs, device=self.page_table.device),
-            is_decode=True,
-            graph=TorchCaptureData(self.capture.table_idx[:bs], self.capture.seq_lens[:bs]),
-        )
-        # the capture batch's own rows (the dummy request's, whose slot is the zeroed dummy page): the buffers'
-        # initial row 0 would read slot 0, not written yet when graphs are captured
+        batch.attn_metadata = TorchAttnMetadata(  # out_loc: the graph runner's input buffer (set_batch runs first)
+            out_loc=batch.out_loc, last_indices=torch.arange(bs, device=self.page_table.device), is_decode=True,
+            graph=TorchCaptureData(self.capture.table_idx[:bs], self.capture.seq_lens[:bs]))
+        # the capture batch is the dummy request at its zeroed page (slot 0 is not written yet at capture)
         self._fill_capture_rows(batch)
 
     def prepare_for_replay(self, batch: Batch) -> None:

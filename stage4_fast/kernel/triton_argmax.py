@@ -1,12 +1,6 @@
-"""Greedy sampling's argmax over 16-bit logits on a GPU: ``torch.argmax(logits, -1)`` with the same answer, in int32.
-
-Why: PyTorch's reduction reads a decode batch's logits (tens of MB at a 152k vocabulary) with one program per row
-walking the whole row, far below the memory's bandwidth. Here programs read chunks of every row side by side, each
-keeping the largest value and its first index; a second small kernel picks each row's winner among its chunks. The
-int32 result also saves the engine's conversion of PyTorch's int64 indices.
-
-Same answer as PyTorch, ties and NaN included: the first index of the largest value; a NaN counts as larger than
-every number (the first NaN wins), as in ``torch.argmax``. Values compare in fp32 (exact for 16-bit inputs).
+"""Argmax over 16-bit GPU logits as int32, ``torch.argmax``'s answer (first index of the largest; the first NaN
+wins). PyTorch walks each row with one program; here programs read chunks side by side, then a small kernel picks
+each row's winner among its chunks.
 """
 
 from __future__ import annotations
