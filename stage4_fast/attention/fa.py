@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Callable, List
 import torch
 
 from ..core import get_global_ctx
+from ..utils.device import to_device as upload
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import BaseCaptureData, batch_seq_lens, upload
+from .utils import BaseCaptureData, batch_seq_lens
 
 if TYPE_CHECKING:
     from ..core import Batch

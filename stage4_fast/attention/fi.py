@@ -16,8 +16,9 @@ import torch
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..utils.device import NullEvent, is_cuda
+from ..utils.device import to_device as upload
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import BaseCaptureData, SeqLens, batch_seq_lens, upload
+from .utils import BaseCaptureData, SeqLens, batch_seq_lens
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -41,8 +42,6 @@ class FIMetadata(BaseAttnMetadata):
     kv_dtype: torch.dtype  # the pool's: the model's, or fp8 (FlashInfer converts as it loads)
     wrapper: Any  # the decode wrapper for decode batches, the prefill wrapper otherwise
     is_decode: bool
-    page_size: int = 1
-    pos_encoding_mode: str = "NONE"
     initialized: bool = False
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
@@ -58,10 +57,6 @@ class FICaptureData(BaseCaptureData):
     @property
     def one_tensor(self) -> torch.Tensor:
         return self.seq_lens  # created as ones: the last page length of page size 1
-
-
-def _use_tensor_cores(num_qo_heads: int, num_kv_heads: int) -> bool:
-    return num_qo_heads // num_kv_heads >= 4
 
 
 def load_flashinfer() -> ModuleType:
@@ -82,7 +77,7 @@ class FlashInferBackend(BaseAttnBackend):
         self.qo_head_local = config.num_qo_heads // tp
         self.kv_head_local = k0.shape[-2]
         self.head_dim = config.head_dim
-        self.use_tensor_cores = _use_tensor_cores(self.qo_head_local, self.kv_head_local)
+        self.use_tensor_cores = self.qo_head_local // self.kv_head_local >= 4  # as upstream
         self.float_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.float_workspace, kv_layout="NHD",
                                                                               backend="fa2")
@@ -123,8 +118,8 @@ class FlashInferBackend(BaseAttnBackend):
 
     def _plan(self, meta: FIMetadata) -> None:
         self.last_event.synchronize()  # the previous plan's pinned staging copy has been consumed
-        common = dict(num_qo_heads=meta.num_qo_heads, num_kv_heads=meta.num_kv_heads, page_size=meta.page_size,
-                      pos_encoding_mode=meta.pos_encoding_mode, seq_lens=meta.seq_lens_cpu, q_data_type=meta.dtype,
+        common = dict(num_qo_heads=meta.num_qo_heads, num_kv_heads=meta.num_kv_heads, page_size=1,
+                      pos_encoding_mode="NONE", seq_lens=meta.seq_lens_cpu, q_data_type=meta.dtype,
                       kv_data_type=meta.kv_dtype, non_blocking=True)
         if meta.is_decode:
             meta.wrapper.plan(indptr=meta.cu_seqlens_k_cpu, indices=meta.indices, last_page_len=meta.last_page_len_cpu,

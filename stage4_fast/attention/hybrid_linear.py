@@ -49,7 +49,6 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         self._capture_slots: torch.Tensor | None = None
         self.triton_decode = self.device.type == "cuda" if TRITON_DECODE is None else TRITON_DECODE
 
-    # -- metadata --------------------------------------------------------------------------------------------
     def prepare_metadata(self, batch: Batch) -> None:
         self.full.prepare_metadata(batch)
         for req in batch.reqs:  # padding rows (the dummy request) are not tracked
@@ -69,7 +68,7 @@ class HybridLinearAttnBackend(BaseAttnBackend):
             start += r.extend_len
         batch.state_metadata = LinearAttnMetadata(slots=slots, is_decode=False, segments=segments)
 
-    # -- CUDA graphs (decode): slots come from a fixed buffer --------------------------------------------------
+    # CUDA graphs (decode): slots come from a fixed buffer
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
         self.full.init_capture_graph(max_seq_len, bs_list)
         dummy_slot = self.state_pool.num_slots - 1
@@ -85,7 +84,6 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         self.full.prepare_for_replay(batch)
         self._capture_slots[: batch.padded_size].copy_(batch.state_metadata.slots)
 
-    # -- forward ---------------------------------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
                 kv_stored: bool = False) -> torch.Tensor:
         return self.full.forward(q, k, v, layer_id, batch, kv_stored)

@@ -6,15 +6,16 @@ vectors; captured graphs read them from fixed buffers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, List
 
 import torch
 
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
+from ..utils.device import to_device as upload
 from ..utils.device import to_device_packed
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import batch_seq_lens, upload
+from .utils import batch_seq_lens
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -82,16 +83,13 @@ class TritonBackend(BaseAttnBackend):
         self._v = [self.kv_cache.v_cache(i).view(-1, self.num_kv_heads, self.head_dim) for i in layers]
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 1)
+        q_dtype, group = getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads
         # an fp8 pool on an sm_89+ GPU decodes with the CUDA kernel, which wants fewer splits
-        self._cuda_fp8 = triton_attention.cuda_fp8_decode_applies(
-            getattr(self.kv_cache, "compute_dtype", k0.dtype), k0.dtype, self.head_dim,
-            self.num_qo_heads // self.num_kv_heads, self.device)
+        self._cuda_fp8 = triton_attention.cuda_fp8_decode_applies(q_dtype, k0.dtype, self.head_dim, group, self.device)
         self.capture: TritonCaptureData | None = None
-        self._capture_meta: Dict[int, TritonMetadata] = {}
         self.prefill_capture: TritonPrefillCaptureData | None = None
         self._prefill_max_reqs = 0  # init_prefill_capture
-        self._prefill_block_m = self._prefill.prefill_block_m(
-            getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads)
+        self._prefill_block_m = self._prefill.prefill_block_m(q_dtype, group)
 
     def _num_splits(self, bs: int) -> int:
         return self._kernels.decode_num_splits(bs, self.num_kv_heads, MAX_DECODE_SPLITS, self.num_sms, self._cuda_fp8)

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
-from ..utils.device import to_device
-
 if TYPE_CHECKING:
     from ..core import Batch, Req
 
@@ -64,11 +62,6 @@ def batch_seq_lens(batch: Batch) -> SeqLens:
     if lens is None or len(lens.table_idx) != len(batch.padded_reqs):
         lens = batch.host_lens = make_seq_lens(batch.padded_reqs)
     return lens
-
-
-def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Pinned, non-blocking host -> device copy (identity on CPU)."""
-    return to_device(t, device)
 
 
 @dataclass

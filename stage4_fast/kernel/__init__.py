@@ -20,8 +20,7 @@ def triton_interpreting() -> bool:
 
 def store_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Write K/V rows [L, ...] into the caches (as [num_slots, -1]) at distinct slots ``indices`` [L]; an fp8 cache
-    stores ``k / k_scale`` and ``v / v_scale``, saturated."""
+    """K/V rows [L, ...] into the caches (as [num_slots, -1]) at distinct slots ``indices`` [L] (fp8: / scale)."""
     module = load_cuda_kernels() if k_cache.is_cuda else None
     if module is not None and k_cache.dtype == k.dtype:
         module.store_cache(k_cache, v_cache, indices, k, v)
@@ -63,8 +62,7 @@ def gemv_kernel_for(x: torch.Tensor):
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` of [rows, vocab] as int32; the Triton kernel (same answer, ties and NaN included) for
-    CUDA bf16/fp16 logits."""
+    """``logits.argmax(-1)`` of [rows, vocab] as int32 (the Triton kernel for CUDA bf16/fp16 logits)."""
     if (logits.is_cuda and logits.dtype in (torch.bfloat16, torch.float16) and logits.dim() == 2
             and logits.stride(1) == 1):
         from . import triton_argmax
@@ -73,7 +71,5 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1).to(torch.int32)
 
 
-__all__ = [
-    "fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax",
-    "indexing", "load_cuda_kernels", "store_cache",
-]
+__all__ = ["fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax", "indexing",
+           "load_cuda_kernels", "store_cache"]

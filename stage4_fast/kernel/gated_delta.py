@@ -1,21 +1,11 @@
-"""PyTorch references for Qwen3.5's linear-attention layer: the causal depthwise conv and the gated delta rule.
+"""PyTorch references for Qwen3.5's linear attention: the causal depthwise conv and the gated delta rule, on
+token-major tensors. Per token (q, k unit-norm, q scaled by 1/sqrt(Dk), log decay g <= 0, beta in (0, 1)) the
+state S [heads, Dk, Dv] does: S <- exp(g) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q.
 
-Token-major tensors ([tokens, heads, dim]). The rule keeps a state S [heads, Dk, Dv] per request; for every token
-(q, k unit-norm, q scaled by 1/sqrt(Dk), log decay g <= 0, write strength beta in (0, 1)):
-
-    S <- exp(g) * S                       forget
-    u  = beta * (v - S^T k)               the part of v the state does not predict yet (the delta rule)
-    S <- S + k u^T                        write it
-    o  = S^T q
-
-`recurrent_gated_delta_rule` runs this literally. `chunk_gated_delta_rule` does a segment with matrix products:
-with G_i the cumulative log decay from the chunk start and S the state entering the chunk,
-
-    u_i = beta_i (v_i - e^{G_i} S^T k_i - sum_{j<i} e^{G_i - G_j} (k_i . k_j) u_j)
-
-is a unit lower-triangular system (A_ij = beta_i e^{G_i-G_j} k_i.k_j); then o_i = e^{G_i} S^T q_i +
-sum_{j<=i} e^{G_i-G_j} (q_i . k_j) u_j and S_next = e^{G_C} S + sum_j e^{G_C - G_j} k_j u_j^T. The solves of all
-chunks run at once; the loop over chunks is two small matmuls each.
+The chunked form (G_i: cumulative log decay in the chunk, S: the state entering it) solves the unit
+lower-triangular system u_i = beta_i (v_i - e^{G_i} S^T k_i - sum_{j<i} e^{G_i-G_j} (k_i . k_j) u_j) for all chunks
+at once; then o_i = e^{G_i} S^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i . k_j) u_j and
+S_next = e^{G_C} S + sum_j e^{G_C-G_j} k_j u_j^T cost two small matmuls per chunk.
 """
 
 from __future__ import annotations

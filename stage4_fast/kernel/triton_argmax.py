@@ -35,8 +35,7 @@ def _argmax_chunks_kernel(Logits, ChunkVal, ChunkIdx, V, stride_row, num_chunks,
     chunk = tl.program_id(1)
     base = Logits + row.to(tl.int64) * stride_row
     cols = chunk * CHUNK + tl.arange(0, BLOCK)
-    # each lane keeps its best so far; lanes see their columns in increasing order, so a strict "greater" keeps the
-    # first of equal values, and a NaN replaces a number but not an earlier NaN
+    # lanes see columns in increasing order: a strict "greater" keeps the first of equals, and the first NaN
     best = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
     best_idx = tl.where(cols < V, cols, NO_INDEX)
     for start in range(BLOCK, CHUNK, BLOCK):

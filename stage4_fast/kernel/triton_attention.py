@@ -1,10 +1,7 @@
-"""Triton paged attention: K/V rows read straight from the pool through ``page_table[table_idx[b], pos]``.
-
-Decode grid (batch, kv_head, split): a program owns all query heads of one KV head (GQA packing) and one slice of
-the sequence (split-K); a second kernel merges the slices by log-sum-exp. The split count depends only on the
-batch size, so a CUDA graph per batch size replays with any lengths. An fp8 pool is loaded as stored and
-converted in registers; the K scale folds into the softmax scale, the V scale into the output. fp32 dots use
-IEEE precision (not TF32) so fp32 runs match HF token for token.
+"""Triton paged attention reading K/V through ``page_table[table_idx[b], pos]``. Decode grid (batch, kv_head,
+split): a program owns one KV head's query heads and one slice of the sequence; a second kernel merges slices by
+log-sum-exp. fp8 K/V convert in registers (K scale in the softmax scale, V scale on the output); fp32 dots use IEEE
+precision so fp32 runs match HF.
 """
 
 from __future__ import annotations
@@ -75,9 +72,8 @@ def _attend_key_block(
     return acc, m_new, l_i
 
 
-# Triton specialises integer arguments (== 1, divisible by 16). An eager decode-shaped batch must reuse the variant
-# the CUDA graphs compiled at capture, not compile one while requests wait: num_splits is not specialised on, and
-# eager scratch is SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
+# Eager decodes reuse the variant the CUDA graphs compiled: num_splits is not specialised on, and eager scratch is
+# SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
 SCRATCH_SPLIT_ALIGN = 16
 _DECODE_UNSPECIALISED = ["num_splits"]
 
@@ -190,19 +186,16 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_s
 
 # GPU decode launch (key block, warps, stages); fp32 tiles are twice as large, so 64-key blocks.
 DECODE_BLOCK_N = 128
-DECODE_NUM_WARPS = 4
-DECODE_NUM_STAGES = 2
+DECODE_LAUNCH_16BIT = (DECODE_BLOCK_N, 4, 2)
 DECODE_LAUNCH_FP32 = (64, 4, 3)
-# fp8 KV under 16-bit queries: a register cap (more programs per SM); 5 stages is the first depth at which Triton
-# double-buffers the gathered K/V tiles
+# fp8 KV under 16-bit queries: a register cap, and 5 stages (the first depth that double-buffers the K/V tiles)
 DECODE_LAUNCH_FP8 = (64, 4, 5)
 DECODE_MAXNREG_FP8: int | None = 128
 # split-K target: programs (batch x KV heads x splits) per SM
 DECODE_PROGRAMS_PER_SM = 11
 # the CUDA fp8 kernel's: a split costs it more than it saves (dependent loads before its first tile)
 DECODE_PROGRAMS_PER_SM_CUDA_FP8 = 1
-# Whole blocks unmasked (WHOLE_BLOCKS) pays where the kernel is instruction bound (fp8); a 16-bit pool is bytes
-# bound and the second loop body costs registers, so it keeps one masked loop.
+# unmasked whole blocks pay where the kernel is instruction bound (fp8), not where it is bytes bound (16-bit)
 DECODE_WHOLE_BLOCKS_FP8 = True
 DECODE_WHOLE_BLOCKS_16BIT = False
 
@@ -220,8 +213,7 @@ def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | N
 DECODE_FP8_CUDA_STAGES = 2
 # its grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False)
 DECODE_FP8_CUDA_HEADS_FIRST = True
-# its warps per program: 8 below this many programs per SM (few 4-warp programs leave the SM short of KV in
-# flight), else 4
+# its warps per program: 8 below this many programs per SM (more KV in flight), else 4
 DECODE_FP8_CUDA_WIDE_BELOW = 2
 
 
@@ -273,21 +265,18 @@ def decode_launch(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int
         return DECODE_LAUNCH_FP32
     if kv_dtype.itemsize == 1:
         return DECODE_LAUNCH_FP8
-    return DECODE_BLOCK_N, DECODE_NUM_WARPS, DECODE_NUM_STAGES
+    return DECODE_LAUNCH_16BIT
 
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
-    block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-    k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None, cuda_stages: int | None = None,
+    block_n: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0, cuda_stages: int | None = None,
     cuda_heads_first: bool | None = None, cuda_warps: int | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D]; k/v_cache [slots, Hkv, D] (q's dtype, or fp8 x k/v_scale); page_table [rows, width] int32;
-    table_idx / seq_lens [B] int32; mid_o [B', Hq, S', D] / mid_lse [B', Hq, S'] fp32 scratch (CUDA graphs).
-    Launch overrides (benchmarks): block_n..max_registers (0: no cap) force the Triton kernel; cuda_* tune the
-    CUDA fp8 one."""
+    """q [B, Hq, D]; k/v_cache [slots, Hkv, D] (fp8: x k/v_scale); page_table [rows, width], table_idx / seq_lens
+    [B] int32; mid_o [B', Hq, S', D] / mid_lse [B', Hq, S'] fp32 scratch. block_n forces the Triton kernel."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -296,14 +285,13 @@ def decode_attention(
         out = torch.empty_like(q)
     if batch == 0:
         return out
-    triton_launch_asked = (block_n, num_warps, num_stages, max_registers) != (None, None, None, None)
-    cuda = None if triton_launch_asked else cuda_fp8_decode_module(q, k_cache, page_table)
+    cuda = None if block_n else cuda_fp8_decode_module(q, k_cache, page_table)
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))
-    dflt = decode_launch(q.dtype, k_cache.dtype)
-    block_n = 16 if _interpreting() else (block_n or dflt[0])
-    launch = {} if _interpreting() else dict(num_warps=num_warps or dflt[1], num_stages=num_stages or dflt[2])
-    cap = decode_max_registers(q.dtype, k_cache.dtype) if max_registers is None else max_registers
+    default_block_n, num_warps, num_stages = decode_launch(q.dtype, k_cache.dtype)
+    block_n = 16 if _interpreting() else (block_n or default_block_n)
+    launch = {} if _interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
+    cap = decode_max_registers(q.dtype, k_cache.dtype)
     if cap and not _interpreting():
         launch["maxnreg"] = cap
     pdl, pdl_options = pdl_launch(q.device)

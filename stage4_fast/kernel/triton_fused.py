@@ -15,8 +15,7 @@ import triton.language as tl
 from .pdl import pdl_launch, pdl_wait
 from .ref import is_fp8
 
-# A row scale's hidden rows are read before the PDL wait: safe because the kernel follows a cuBLAS projection of
-# them, which starts only once their writer has finished (edges into cuBLAS GEMMs are full, kernel/pdl_graph.py).
+# A row scale's hidden rows are read before the PDL wait: their writer finished before the cuBLAS GEMM before us.
 
 
 @triton.jit

@@ -87,17 +87,12 @@ def _prefill_kernel(
 
 
 # GPU prefill launch: query rows per program, key block, warps, stages (16-bit and fp8 pools alike)
-PREFILL_ROWS = 128
-PREFILL_BLOCK_N = 64
-PREFILL_NUM_WARPS = 4
-PREFILL_NUM_STAGES = 3
+PREFILL_LAUNCH_16BIT = (128, 64, 4, 3)
 PREFILL_LAUNCH_FP32 = (64, 64, 4, 3)  # fp32 tiles are twice as large: 64 rows
 
 
 def prefill_launch(q_dtype: torch.dtype) -> tuple[int, int, int, int]:
-    if q_dtype == torch.float32:
-        return PREFILL_LAUNCH_FP32
-    return PREFILL_ROWS, PREFILL_BLOCK_N, PREFILL_NUM_WARPS, PREFILL_NUM_STAGES
+    return PREFILL_LAUNCH_FP32 if q_dtype == torch.float32 else PREFILL_LAUNCH_16BIT
 
 
 def prefill_block_m(q_dtype: torch.dtype, group: int) -> int:
@@ -146,11 +141,11 @@ def prefill_attention(
     group = num_qo_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
     if _interpreting():
-        rows, block_n, options = 16, 16, {}
+        block_n, options = 16, {}
     else:
-        rows, block_n, num_warps, num_stages = prefill_launch(q.dtype)
+        _, block_n, num_warps, num_stages = prefill_launch(q.dtype)
         options = dict(num_warps=num_warps, num_stages=num_stages)
-    block_m = max(rows, 16, group_p2) // group_p2  # query tokens per program (tl.dot wants 16 rows or more)
+    block_m = prefill_block_m(q.dtype, group)
     if block_map is not None:
         assert block_map[0] == block_m, "the block map was built for another query block"
         mapped = block_map[1]

@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# response_format {"type": "json_object"}: any JSON object (what SGLang compiles it to)
-JSON_OBJECT_SCHEMA = '{"type": "object"}'
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object (as SGLang compiles it)
 
 
 class GrammarError(ValueError):
@@ -83,8 +82,7 @@ class GrammarBackend:
         self._copied: torch.cuda.Event | None = None  # the last copy out of _host_mask (GPU)
 
     def warm_up_in_background(self) -> bool:
-        """Build the compiler on a daemon thread (an early request waits for it); False when there is nothing to
-        build."""
+        """Build the compiler on a daemon thread (an early request waits for it); False: nothing to build."""
         if self.tokenizer is None or importlib.util.find_spec("xgrammar") is None:
             return False
 
@@ -143,8 +141,7 @@ class GrammarBackend:
         return matcher.is_terminated()
 
     def bitmask(self, uids: List[int | None], pin_memory: bool = False) -> torch.Tensor:
-        """Host int32 bitmask [len(uids), ceil(grammar_vocab / 32)] (no matcher: all allowed); a view of a buffer
-        the next call overwrites."""
+        """Host int32 [len(uids), ceil(grammar_vocab / 32)] (no matcher: all allowed), overwritten by the next call."""
         xgr = _xgrammar()
         if self._host_mask is None or self._host_mask.shape[0] < len(uids):
             shape = xgr.get_bitmask_shape(max(len(uids), 64), self.grammar_vocab)
@@ -178,5 +175,4 @@ class GrammarBackend:
         """In place: -inf where the bitmask forbids, and past the tokenizer's ids in ``grammar_rows`` (bool [bs])."""
         _xgrammar().apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.grammar_vocab)
         if logits.shape[-1] > self.grammar_vocab:
-            tail = logits[:, self.grammar_vocab :]
-            tail.masked_fill_(grammar_rows[:, None], float("-inf"))
+            logits[:, self.grammar_vocab :].masked_fill_(grammar_rows[:, None], float("-inf"))

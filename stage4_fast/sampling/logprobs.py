@@ -10,8 +10,7 @@ from typing import Callable, List, Tuple
 import torch
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs (vLLM's default max_logprobs too)
-# prompt logprobs are computed this many token rows at a time: the logits of a whole long prompt need not fit
-PROMPT_LOGITS_CHUNK = 256
+PROMPT_LOGITS_CHUNK = 256  # prompt rows per logits chunk: a long prompt's logits need not fit at once
 
 
 @dataclass

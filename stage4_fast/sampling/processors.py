@@ -25,9 +25,8 @@ def apply_logit_bias(logits: torch.Tensor, args: LogitBiasArgs) -> None:
 
 @dataclass
 class PenaltyArgs:
-    """Penalised rows and their token-pool spans ``start .. start + length`` (the output, plus the prompt for a
-    repetition penalty). Ids are read from the pool at sampling time: under overlap the host lacks the last token.
-    """
+    """Penalised rows and their token-pool spans (output, plus prompt for a repetition penalty), read at sampling
+    time: under overlap the host lacks the last token."""
 
     rows: torch.Tensor  # [m] device int64: rows of the batch
     presence: torch.Tensor  # [m] fp32
