@@ -24,7 +24,6 @@ def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tens
 
 
 def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """Stored K or V rows back in the compute dtype: ``x * scale``."""
     y = x.to(dtype)
     return y * scale if scale != 1.0 else y
 
@@ -35,7 +34,6 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def gather_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """``cache[slots]`` (rows of the first dimension), for any storage dtype."""
     return _as_bytes(cache)[slots].view(cache.dtype)
 
 

@@ -63,7 +63,6 @@ def _argmax_rows_kernel(ChunkVal, ChunkIdx, Out, num_chunks, BLOCK_C: tl.constex
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` of a [rows, vocab] tensor (unit stride along the vocabulary), as int32."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and vocab < _NO_INDEX
     num_chunks = triton.cdiv(vocab, CHUNK)

@@ -253,7 +253,6 @@ def cuda_fp8_decode_applies(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_di
 
 
 def cuda_fp8_decode_module(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor):
-    """The CUDA module whose ``decode_fp8`` takes this decode, else None."""
     group = q.shape[1] // k_cache.shape[1]
     if page_table.stride(0) % 4 or not cuda_fp8_decode_applies(q.dtype, k_cache.dtype, q.shape[-1], group, q.device):
         return None

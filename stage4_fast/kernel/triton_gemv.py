@@ -25,7 +25,6 @@ def _normed_input(X, R, k, k_mask, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def _input_slice(X, R, NormW, k, k_mask, K, rstd, GATED: tl.constexpr, NORM: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr):
-    """The layer's input at K positions ``k``, in fp32."""
     if NORM:  # rounded where the add-RMSNorm kernel rounds: the normalised value, then its product with NormW
         h = _normed_input(X, R, k, k_mask, HAS_RESIDUAL)
         y = (h.to(tl.float32) * rstd).to(h.dtype)

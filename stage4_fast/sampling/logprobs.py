@@ -37,12 +37,9 @@ class BatchLogprobs:
     prompt_top_ids: torch.Tensor | None = None
     prompt_top_logprobs: torch.Tensor | None = None
 
-    def to_host(self) -> BatchLogprobs:
-        """Copies launched without waiting; valid once the batch's copy event has completed."""
-        return BatchLogprobs(**{
-            f.name: None if (t := getattr(self, f.name)) is None else t.to("cpu", non_blocking=True)
-            for f in fields(self)
-        })
+    def to_host(self) -> BatchLogprobs:  # non-blocking: valid once the batch's copy event has completed
+        return BatchLogprobs(**{f.name: None if (t := getattr(self, f.name)) is None else t.to("cpu", non_blocking=True)
+                                for f in fields(self)})
 
 
 def logprobs_of(logits: torch.Tensor, targets: torch.Tensor, top_k: int) -> Tuple[torch.Tensor, ...]:
