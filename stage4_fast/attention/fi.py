@@ -1,8 +1,5 @@
-"""FlashInfer backend through its plan/run wrappers. As upstream, FlashInfer sees page size 1 (token slots), the
-pool viewed as [num_slots, 1, kv_heads, D]. ``plan`` does host work, so it is deferred to the first layer's
-forward, and waits for the previous plan's event so its pinned staging buffer is not overwritten mid-copy.
-CUDA graphs: one ``CUDAGraphBatchDecodeWithPagedKVCacheWrapper`` per batch size over fixed buffers, planned into
-right before replay.
+"""FlashInfer backend (plan/run wrappers) over page size 1 views, as upstream. ``plan`` does host work, so it runs
+at the first layer's forward, after the previous plan's staging copy; graphs get one decode wrapper per batch size.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Dependent launch after kernels that never signal (cuBLAS GEMMs): a captured CUDA graph's edges, rewired.
 
-A PDL kernel after a GEMM launches only as the GEMM's last programs exit, since the GEMM never executes
-``launch_dependents``. Moving that programmatic edge to the GEMM's launch-order port lets the next kernel launch
-while the GEMM runs; its ``griddepcontrol.wait`` still returns only once the GEMM's writes are visible, so the
-bits are unchanged. Edges from kernels launched without PDL are moved (one too many is harmless). The graph is
-captured with ``keep_graph=True`` and rewired through libcuda via ctypes; without the edge functions (CUDA < 12.3)
-it stays as captured.
+Edges out of kernels launched without PDL move to the launch-order port, so the next kernel launches while the
+GEMM runs; its ``griddepcontrol.wait`` still waits for the GEMM's writes, so the bits are unchanged. Rewired
+through libcuda via ctypes (CUDA 12.3+); otherwise the graph stays as captured.
 """
 
 from __future__ import annotations

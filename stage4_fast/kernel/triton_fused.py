@@ -174,10 +174,9 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
                  kv_scales: tuple[float, float] = (1.0, 1.0),
                  row_scale: tuple[torch.Tensor, float] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D], k [T, Hkv, D], RMS-normalised per head (when weights are given)
-    and rotated (neox) by the fp32 cos|sin table [max_pos, D]. ``kv_store`` = (k_cache, v_cache, out_loc [T]):
-    rotated k and v are stored there too (fp8: divided by ``kv_scales``). ``row_scale`` = (hidden [T, N], eps):
-    the deferred input norm's factor first scales q, k, v; the scaled v is written back into qkv."""
+    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D], k [T, Hkv, D], per-head RMS-normed (given weights) and rotated
+    (neox) by the fp32 cos|sin table. ``kv_store`` = (k_cache, v_cache, out_loc [T]) also stores k and v (fp8: /
+    ``kv_scales``). ``row_scale`` = (hidden [T, N], eps): the deferred norm's factor scales q, k, v first."""
     assert qkv.dim() == 2 and qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert head_dim % 2 == 0 and (head_dim & (head_dim - 1)) == 0, "head_dim must be a power of two"
     T = qkv.shape[0]

@@ -1,10 +1,7 @@
-"""Structured output as a token mask through xgrammar: a JSON schema, a regular expression, an EBNF grammar or a
-structural tag. A matcher per request writes the bitmask of tokens that keep the output a valid prefix (the
-sampler sets the rest to -inf) and accepts each sampled token; the output ends when the grammar completes. Masks
-need the previous step's token, so they are filled just before sampling, after the scheduler caught up
-(``Scheduler._forward``), by xgrammar's batch matcher into one reused (pinned on GPU) host buffer.
-JSON has no free whitespace by default: a small model can emit newlines until ``max_tokens`` runs out
-(``SamplingParams.json_any_whitespace`` allows it).
+"""Structured output as a token mask through xgrammar (JSON schema, regex, EBNF, structural tag): a matcher per
+request masks tokens that break a valid prefix, filled just before sampling once the scheduler caught up with
+the previous step (``Scheduler._forward``). JSON has no free whitespace by default (a small model can emit
+newlines until ``max_tokens``); ``SamplingParams.json_any_whitespace`` allows it.
 """
 
 from __future__ import annotations
