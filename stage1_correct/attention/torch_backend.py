@@ -1,8 +1,7 @@
 """Reference attention in plain PyTorch over the paged KV pool.
 
-Scores are never formed for the whole batch at once: a decode batch attends one query per request against that
-request's own keys (padded to the longest), and a prefill attends request by request with SDPA. All index tensors
-(which slots each request reads, masks) are built once per forward in prepare_metadata, not once per layer.
+Decode attends one query per request against its own keys (padded to the longest), prefill request by request
+with SDPA; index tensors (slots, masks) are built once per forward in prepare_metadata, not per layer.
 """
 
 from __future__ import annotations
@@ -106,8 +105,7 @@ class TorchBackend(BaseAttnBackend):
     ) -> torch.Tensor:
         bs, num_qo_heads, head_dim = q.shape
         group = num_qo_heads // self.num_kv_heads
-        # GQA without repeating K/V: q head h uses kv head h // group, so the group's heads become `group` query
-        # rows against one kv head.
+        # GQA without repeating K/V: q head h uses kv head h // group, so a group's heads are rows of one query
         qg = q.view(bs, self.num_kv_heads, group, head_dim)
         kb = k_slots[meta.kv_indices].transpose(1, 2)  # [bs, Hkv, S, D]
         vb = v_slots[meta.kv_indices].transpose(1, 2)

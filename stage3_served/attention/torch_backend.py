@@ -1,8 +1,7 @@
 """Reference attention in plain PyTorch over the paged KV pool.
 
-Scores are never formed for the whole batch at once: a decode batch attends one query per request against that
-request's own keys (padded to the longest), and a prefill attends request by request with SDPA. All index tensors
-(which slots each request reads, masks) are built once per forward in prepare_metadata, not once per layer.
+Decode attends one query per request against its own keys (padded to the longest), prefill request by request
+with SDPA; index tensors (slots, masks) are built once per forward in prepare_metadata, not per layer.
 """
 
 from __future__ import annotations
@@ -51,9 +50,8 @@ class TorchBackend(BaseAttnBackend):
         num_layers = self.kv_cache.num_layers
         k0 = self.kv_cache.k_cache(0)
         self.num_kv_heads, self.head_dim = k0.shape[-2], k0.shape[-1]
-        # per-layer views of the pool as [num_slots, heads * dim], made once: gathering rows of a 2-D view with
-        # index_select is several times faster on CPU than advanced indexing of [num_slots, heads, dim] (stage1),
-        # and the decode step gathers every request's keys and values in every layer
+        # per-layer [num_slots, heads * dim] views, made once: index_select on a 2-D view is several times faster
+        # on CPU than advanced indexing of [num_slots, heads, dim] (stage1), and decode gathers in every layer
         self._k = [self.kv_cache.k_cache(i).view(-1, self.num_kv_heads * self.head_dim) for i in range(num_layers)]
         self._v = [self.kv_cache.v_cache(i).view(-1, self.num_kv_heads * self.head_dim) for i in range(num_layers)]
 
@@ -113,8 +111,7 @@ class TorchBackend(BaseAttnBackend):
     ) -> torch.Tensor:
         bs, num_qo_heads, head_dim = q.shape
         group = num_qo_heads // self.num_kv_heads
-        # GQA without repeating K/V: q head h uses kv head h // group, so the group's heads become `group` query
-        # rows against one kv head.
+        # GQA without repeating K/V: q head h uses kv head h // group, so a group's heads are rows of one query
         qg = q.view(bs, self.num_kv_heads, group, head_dim)
         kb = self._gather(k_slots, meta.kv_indices).transpose(1, 2)  # [bs, Hkv, S, D]
         vb = self._gather(v_slots, meta.kv_indices).transpose(1, 2)

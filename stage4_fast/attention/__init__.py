@@ -1,15 +1,5 @@
-"""Attention backends and the ``--attn PREFILL[,DECODE]`` factory.
-
-* ``torch``: the PyTorch reference (CPU default).
-* ``triton``: our Triton kernels (any GPU with Triton; the CPU runs them under the interpreter).
-* ``fi``: FlashInfer paged prefill/decode wrappers.
-* ``fa``: FlashAttention 4 varlen with a paged KV cache.
-
-Each GPU backend imports its library only when built, so this package imports on any machine.
-
-A KV pool in another dtype than the model's (``--kv-cache-dtype``): torch and triton read any storage dtype
-(converting as they read), FlashInfer reads fp8 under 16-bit queries, FlashAttention 4 only its queries' dtype;
-``kv_cache_dtype_problem`` says so before anything is loaded.
+"""Attention backends (``torch`` reference, ``triton``, ``fi`` FlashInfer, ``fa`` FlashAttention 4) and the
+``--attn PREFILL[,DECODE]`` factory. GPU backends import their library only when built.
 """
 
 from __future__ import annotations
@@ -98,21 +88,15 @@ def _installed(module: str) -> bool:
 
 def resolve_auto_backend(device: torch.device, dtype: torch.dtype = torch.bfloat16,
                          kv_dtype: torch.dtype | None = None) -> str:
-    """What "auto" means here. CPU: the torch reference. GPU: our Triton kernels, with FA 4 for prefill on sm90+
-    when its package is present. Upstream's sm90 choice is "fa,fi"; our Triton decode kernel reads the paged KV
-    faster than FlashInfer's decode (the benchmark's attn ablation compares them), so FlashInfer is not picked by
-    itself: ask for it with "fi". FlashInfer and
-    FlashAttention compute in 16-bit only; an fp32 engine gets Triton as well, and so does a KV pool in another
-    dtype than the model's (FlashAttention 4 reads K/V in the queries' dtype only)."""
+    """CPU: torch. GPU: triton, with FA 4 for prefill on sm90+ when installed (upstream's "fa,fi"; our Triton
+    decode is faster than FlashInfer's, so "fi" is only on request). fp32 or a KV pool of another dtype: triton."""
     if device.type != "cuda":
         return "torch"
     if dtype not in (torch.float16, torch.bfloat16) or (kv_dtype is not None and kv_dtype != dtype):
         return "triton"
-    decode = "triton"
-    prefill = decode
     if _installed("flash_attn.cute") and torch.cuda.get_device_capability(device)[0] >= 9:
-        prefill = "fa"
-    return decode if prefill == decode else f"{prefill},{decode}"
+        return "fa,triton"
+    return "triton"
 
 
 def create_attention_backend(backend: str, config: ModelConfig) -> BaseAttnBackend:

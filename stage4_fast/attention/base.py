@@ -38,8 +38,7 @@ class BaseAttnBackend(ABC):
     def prepare_for_replay(self, batch: Batch) -> None:
         raise NotImplementedError
 
-    # A prefill forward captured at fixed token counts (engine/prefill_graph.py): a backend whose prefill launch
-    # depends on nothing but the token count once its metadata sits in fixed buffers says so and implements these.
+    # Prefill graphs at fixed token counts (engine/prefill_graph.py), for backends whose fixed buffers allow it
     def supports_prefill_graph(self) -> bool:
         return False
 
@@ -54,8 +53,7 @@ class BaseAttnBackend(ABC):
 
 
 class HybridBackend(BaseAttnBackend):
-    """One backend for prefill batches, another for decode (``--attn fa,fi``). The decode graph hooks go to the
-    decode backend, the prefill graph's to the prefill backend."""
+    """One backend for prefill batches, another for decode (``--attn fa,fi``), graph hooks included."""
 
     def __init__(self, prefill_backend: BaseAttnBackend, decode_backend: BaseAttnBackend):
         self.prefill_backend = prefill_backend

@@ -1,10 +1,5 @@
-"""FlashAttention backend: FlashAttention 4's varlen function with a paged KV cache.
-
-Upstream calls FA3 through sgl-kernel (``flash_attn_with_kvcache``); that wheel is far too large to carry, so we
-use ``flash_attn.cute.flash_attn_varlen_func`` from the ``flash-attn-4`` package, which takes the same paged
-inputs: ragged queries (``cu_seqlens_q``), the KV used by each sequence (``seqused_k``) and a page table of
-**page** ids ``[batch, pages_per_seq]``; causal attention is aligned to the end of each sequence, so a cached
-prefix is handled. The pool is passed as [num_pages, page_size, kv_heads, D].
+"""FlashAttention backend: ``flash_attn.cute.flash_attn_varlen_func`` (flash-attn-4; upstream uses FA3 through
+sgl-kernel) with ragged queries, ``seqused_k`` and a page table of page ids over [num_pages, page_size, kv_heads, D].
 """
 
 from __future__ import annotations
@@ -15,8 +10,9 @@ from typing import TYPE_CHECKING, Callable, List
 import torch
 
 from ..core import get_global_ctx
+from ..utils.device import to_device as upload
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import BaseCaptureData, batch_seq_lens, upload
+from .utils import BaseCaptureData, batch_seq_lens
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -96,8 +92,7 @@ class FlashAttentionBackend(BaseAttnBackend):
         assert cap is not None, "init_capture_graph first"
         bs = batch.padded_size
         width = cap.page_table.shape[1]
-        # the capture batch's own first page (the dummy request's: the zeroed dummy page), not page 0, which is not
-        # written yet when graphs are captured; a replay copies the real rows in
+        # the capture batch is the dummy request at its zeroed page (page 0 is not written yet at capture)
         lens = batch_seq_lens(batch)
         cap.page_table[:bs, :1].copy_(self._page_rows(upload(lens.table_idx, self.device), 1))
         batch.attn_metadata = FAMetadata(  # max_seqlen_k: a bound that covers every replay

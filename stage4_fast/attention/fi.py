@@ -1,17 +1,5 @@
-"""FlashInfer backend: paged prefill and decode through FlashInfer's plan/run wrappers.
-
-As upstream, FlashInfer always sees **page size 1**: the KV indices are the token slots of each request's
-page-table row, whatever the engine's page size, and the pool is viewed as [num_slots, 1, kv_heads, D].
-
-``plan`` does host work (it fills a pinned staging buffer from the host lengths and copies it to the GPU), so it
-is deferred to the first layer's forward, when the previous forward is already launched. Before re-planning we wait
-for the event recorded after the previous plan, so the staging buffer is not overwritten while its copy is pending.
-
-An fp8 pool (``--kv-cache-dtype``) is planned with ``kv_data_type`` fp8 and the model's ``q_data_type``;
-FlashInfer converts the fp8 pages in its kernels, and ``run`` gets the layer's scales.
-
-CUDA graphs: one ``CUDAGraphBatchDecodeWithPagedKVCacheWrapper`` per captured batch size, whose indptr / indices /
-last-page-length live in fixed buffers; at replay we plan into those buffers right before ``graph.replay()``.
+"""FlashInfer backend (plan/run wrappers) over page size 1 views, as upstream. ``plan`` does host work, so it runs
+at the first layer's forward, after the previous plan's staging copy; graphs get one decode wrapper per batch size.
 """
 
 from __future__ import annotations
@@ -25,8 +13,9 @@ import torch
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..utils.device import NullEvent, is_cuda
+from ..utils.device import to_device as upload
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import BaseCaptureData, SeqLens, batch_seq_lens, upload
+from .utils import BaseCaptureData, SeqLens, batch_seq_lens
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -50,8 +39,6 @@ class FIMetadata(BaseAttnMetadata):
     kv_dtype: torch.dtype  # the pool's: the model's, or fp8 (FlashInfer converts as it loads)
     wrapper: Any  # the decode wrapper for decode batches, the prefill wrapper otherwise
     is_decode: bool
-    page_size: int = 1
-    pos_encoding_mode: str = "NONE"
     initialized: bool = False
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
@@ -67,11 +54,6 @@ class FICaptureData(BaseCaptureData):
     @property
     def one_tensor(self) -> torch.Tensor:
         return self.seq_lens  # created as ones: the last page length of page size 1
-
-
-def _use_tensor_cores(num_qo_heads: int, num_kv_heads: int) -> bool:
-    """FlashInfer's decode on tensor cores pays once at least 4 query heads share a KV head (as upstream)."""
-    return num_qo_heads // num_kv_heads >= 4
 
 
 def load_flashinfer() -> ModuleType:
@@ -92,14 +74,12 @@ class FlashInferBackend(BaseAttnBackend):
         self.qo_head_local = config.num_qo_heads // tp
         self.kv_head_local = k0.shape[-2]
         self.head_dim = config.head_dim
-        self.use_tensor_cores = _use_tensor_cores(self.qo_head_local, self.kv_head_local)
+        self.use_tensor_cores = self.qo_head_local // self.kv_head_local >= 4  # as upstream
         self.float_workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.float_workspace, kv_layout="NHD", backend="fa2"
-        )
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.float_workspace, kv_layout="NHD",
+                                                                              backend="fa2")
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.float_workspace, use_tensor_cores=self.use_tensor_cores, kv_layout="NHD", backend="fa2"
-        )
+            self.float_workspace, use_tensor_cores=self.use_tensor_cores, kv_layout="NHD", backend="fa2")
         layers = range(self.kv_cache.num_layers)
         # page size 1 views of the pool: [num_slots, 1, kv_heads, D]
         self._k = [self.kv_cache.k_cache(i).view(-1, 1, self.kv_head_local, self.head_dim) for i in layers]
@@ -125,8 +105,7 @@ class FlashInferBackend(BaseAttnBackend):
                           self.kv_cache.compute_dtype, self.kv_cache.dtype, wrapper, is_decode)
 
     def _kv_indices(self, lens: SeqLens) -> torch.Tensor:
-        """The token slots of every request's row, concatenated: a handful of device ops whatever the batch size
-        (upstream slices one row per request), and no host synchronisation (the total is known on the host)."""
+        """Every request's token slots, concatenated, in a few device ops and no host sync."""
         total = int(lens.cu_seqlens_k[-1])
         seq_lens = upload(lens.seqlens_k, self.device)
         starts = upload(lens.cu_seqlens_k[:-1], self.device)
@@ -136,21 +115,16 @@ class FlashInferBackend(BaseAttnBackend):
 
     def _plan(self, meta: FIMetadata) -> None:
         self.last_event.synchronize()  # the previous plan's pinned staging copy has been consumed
-        common = dict(
-            num_qo_heads=meta.num_qo_heads, num_kv_heads=meta.num_kv_heads, page_size=meta.page_size,
-            pos_encoding_mode=meta.pos_encoding_mode, seq_lens=meta.seq_lens_cpu, q_data_type=meta.dtype,
-            kv_data_type=meta.kv_dtype, non_blocking=True,
-        )
+        common = dict(num_qo_heads=meta.num_qo_heads, num_kv_heads=meta.num_kv_heads, page_size=1,
+                      pos_encoding_mode="NONE", seq_lens=meta.seq_lens_cpu, q_data_type=meta.dtype,
+                      kv_data_type=meta.kv_dtype, non_blocking=True)
         if meta.is_decode:
-            meta.wrapper.plan(
-                indptr=meta.cu_seqlens_k_cpu, indices=meta.indices, last_page_len=meta.last_page_len_cpu,
-                head_dim=meta.head_dim, **common,
-            )
+            meta.wrapper.plan(indptr=meta.cu_seqlens_k_cpu, indices=meta.indices, last_page_len=meta.last_page_len_cpu,
+                              head_dim=meta.head_dim, **common)
         else:
             meta.wrapper.plan(
                 qo_indptr=meta.cu_seqlens_q_cpu, paged_kv_indptr=meta.cu_seqlens_k_cpu, paged_kv_indices=meta.indices,
-                paged_kv_last_page_len=meta.last_page_len_cpu, head_dim_qk=meta.head_dim, causal=True, **common,
-            )
+                paged_kv_last_page_len=meta.last_page_len_cpu, head_dim_qk=meta.head_dim, causal=True, **common)
         if is_cuda(self.device):
             self.last_event = torch.cuda.Event()
             self.last_event.record()
@@ -163,8 +137,7 @@ class FlashInferBackend(BaseAttnBackend):
             self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         if not meta.initialized:
             self._plan(meta)
-        # an fp8 pool's scales: FlashInfer folds k_scale into the softmax scale and multiplies the output by
-        # v_scale (one more kernel, so not passed when it is 1.0)
+        # fp8 scales; v_scale costs a kernel, so 1.0 is not passed
         k_scale, v_scale = (s[layer_id] if s[layer_id] != 1.0 else None
                             for s in (self.kv_cache.k_scales, self.kv_cache.v_scales))
         return meta.wrapper.run(q=q, paged_kv_cache=(self._k[layer_id], self._v[layer_id]), k_scale=k_scale,
@@ -187,8 +160,7 @@ class FlashInferBackend(BaseAttnBackend):
         cap = self.capture
         assert cap is not None, "init_capture_graph first"
         bs = batch.padded_size
-        # the capture batch: the engine's dummy request, length 1, at its own slot (the zeroed dummy page); slot 0,
-        # the buffers' initial value, is not written yet when graphs are captured. A replay plans the real slots.
+        # the capture batch is the dummy request at its zeroed page (slot 0 is not written yet at capture)
         cap.indices[:bs].copy_(self._kv_indices(batch_seq_lens(batch)))
         one_each = torch.arange(bs + 1, dtype=torch.int32)
         meta = self._metadata(one_each, one_each, cap.cu_seqlens_q[: bs + 1], cap.indices[:bs],

@@ -1,14 +1,7 @@
-"""Attention backend of a hybrid model: full-attention layers go to the usual backend, linear-attention layers
-(Qwen3.5's gated DeltaNet) run the causal conv and the gated delta rule against the per-request state pool.
-
-The engine wraps its attention backend in this one when the model has linear layers, so the scheduler and the
-CUDA-graph runner keep calling one backend: ``prepare_metadata`` / ``prepare_for_capture`` / ``prepare_for_replay``
-fill both the full backend's metadata (``batch.attn_metadata``) and the state metadata (``batch.state_metadata``).
-
-No prefix reuse: a linear layer's state after a prefix cannot be rebuilt from that prefix's KV pages and is
-overwritten in place as the request advances, so hybrid models run with the naive prefix cache (the scheduler
-forces it). ``prepare_metadata`` checks the invariant: a request that does not start from zero has exactly
-``cached_len`` tokens folded into its slot.
+"""Hybrid-model attention backend: full-attention layers go to the wrapped backend, linear-attention layers
+(Qwen3.5's gated DeltaNet) run the causal conv and gated delta rule against the per-request state pool.
+No prefix reuse (a state cannot be rebuilt from KV pages), so hybrid models run with the naive prefix cache;
+``prepare_metadata`` checks each continuing request has exactly ``cached_len`` tokens in its state.
 """
 
 from __future__ import annotations
@@ -18,16 +11,10 @@ from typing import TYPE_CHECKING, List, Tuple
 
 import torch
 
-from ..kernel.gated_delta import (
-    causal_conv1d_prefill,
-    causal_conv1d_update,
-    chunk_gated_delta_rule,
-    recurrent_gated_delta_rule,
-)
+from ..kernel import gated_delta as gd
 from .base import BaseAttnBackend
 
-# Decode through the fused Triton step (kernel/triton_gated_delta.py): None = on CUDA only. Tests set True on CPU to
-# run the kernel under the Triton interpreter.
+# Decode through kernel/triton_gated_delta.py: None = on CUDA only (tests set True to interpret it on CPU)
 TRITON_DECODE: bool | None = None
 
 if TYPE_CHECKING:
@@ -62,15 +49,13 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         self._capture_slots: torch.Tensor | None = None
         self.triton_decode = self.device.type == "cuda" if TRITON_DECODE is None else TRITON_DECODE
 
-    # -- metadata --------------------------------------------------------------------------------------------
     def prepare_metadata(self, batch: Batch) -> None:
         self.full.prepare_metadata(batch)
         for req in batch.reqs:  # padding rows (the dummy request) are not tracked
             if req.cached_len != 0 and self._state_len[req.table_idx] != req.cached_len:
-                raise RuntimeError(
-                    f"request {req.uid}: the linear-attention state holds {self._state_len[req.table_idx]} tokens, "
-                    f"the batch expects {req.cached_len}; prefix reuse must be off for hybrid models"
-                )
+                raise RuntimeError(f"request {req.uid}: the linear-attention state holds "
+                                   f"{self._state_len[req.table_idx]} tokens, the batch expects {req.cached_len}; "
+                                   "prefix reuse must be off for hybrid models")
             self._state_len[req.table_idx] = req.device_len  # after this forward
         reqs = batch.padded_reqs
         slots = torch.tensor([r.table_idx for r in reqs], dtype=torch.int64).to(self.device, non_blocking=True)
@@ -83,7 +68,7 @@ class HybridLinearAttnBackend(BaseAttnBackend):
             start += r.extend_len
         batch.state_metadata = LinearAttnMetadata(slots=slots, is_decode=False, segments=segments)
 
-    # -- CUDA graphs (decode): slots come from a fixed buffer --------------------------------------------------
+    # CUDA graphs (decode): slots come from a fixed buffer
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
         self.full.init_capture_graph(max_seq_len, bs_list)
         dummy_slot = self.state_pool.num_slots - 1
@@ -99,22 +84,18 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         self.full.prepare_for_replay(batch)
         self._capture_slots[: batch.padded_size].copy_(batch.state_metadata.slots)
 
-    # -- forward ---------------------------------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch,
                 kv_stored: bool = False) -> torch.Tensor:
         return self.full.forward(q, k, v, layer_id, batch, kv_stored)
 
-    def forward_linear(
-        self, mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor, layer_id: int,
-        batch: Batch,
-    ) -> torch.Tensor:
-        """One linear-attention layer. mixed_qkv [T, conv_dim] (the q|k|v projection before the conv), g / beta
-        [T, v_heads] (log decay, write strength), conv_weight [conv_dim, K]; layer_id indexes the state pool.
-        Reads and updates each request's state; returns the delta-rule output [T, v_heads, Dv]."""
+    def forward_linear(self, mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor,
+                       layer_id: int, batch: Batch) -> torch.Tensor:
+        """mixed_qkv [T, conv_dim] (before the conv), g / beta [T, v_heads], conv_weight [conv_dim, K] ->
+        [T, v_heads, Dv], updating each request's state in the pool."""
         meta: LinearAttnMetadata = batch.state_metadata
         conv_pool, ssm_pool = self.state_pool.conv_state(layer_id), self.state_pool.ssm_state(layer_id)
         if meta.is_decode:
-            x, conv_new = causal_conv1d_update(mixed_qkv, conv_weight, conv_pool[meta.slots])
+            x, conv_new = gd.causal_conv1d_update(mixed_qkv, conv_weight, conv_pool[meta.slots])
             conv_pool[meta.slots] = conv_new.to(conv_pool.dtype)
             if self.triton_decode:  # the state is updated in place in the pool, no gather/scatter copies
                 from ..kernel.triton_gated_delta import recurrent_gated_delta_rule_inplace
@@ -123,7 +104,7 @@ class HybridLinearAttnBackend(BaseAttnBackend):
                 return recurrent_gated_delta_rule_inplace(x, g, beta, ssm_pool, meta.slots, cfg.num_k_heads,
                                                           cfg.head_k_dim)
             q, k, v = self._split(x)
-            o, ssm_new = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_pool[meta.slots])
+            o, ssm_new = gd.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_pool[meta.slots])
             ssm_pool[meta.slots] = ssm_new
             return o.to(mixed_qkv.dtype)
         cfg = self.config
@@ -131,10 +112,11 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         for seg in meta.segments or []:
             s, e = seg.start, seg.end
             conv_in = None if seg.fresh else conv_pool[seg.slot]
-            x, conv_new = causal_conv1d_prefill(mixed_qkv[s:e], conv_weight, conv_in)
+            x, conv_new = gd.causal_conv1d_prefill(mixed_qkv[s:e], conv_weight, conv_in)
             conv_pool[seg.slot] = conv_new
             q, k, v = self._split(x)
-            o, ssm_new = chunk_gated_delta_rule(q, k, v, g[s:e], beta[s:e], None if seg.fresh else ssm_pool[seg.slot])
+            state = None if seg.fresh else ssm_pool[seg.slot]
+            o, ssm_new = gd.chunk_gated_delta_rule(q, k, v, g[s:e], beta[s:e], state)
             ssm_pool[seg.slot] = ssm_new
             out[s:e] = o
         return out
@@ -142,7 +124,5 @@ class HybridLinearAttnBackend(BaseAttnBackend):
     def _split(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg, T = self.config, x.shape[0]
         q, k, v = x.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
-        return (
-            q.reshape(T, cfg.num_k_heads, cfg.head_k_dim), k.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
-            v.reshape(T, cfg.num_v_heads, cfg.head_v_dim),
-        )
+        return (q.reshape(T, cfg.num_k_heads, cfg.head_k_dim), k.reshape(T, cfg.num_k_heads, cfg.head_k_dim),
+                v.reshape(T, cfg.num_v_heads, cfg.head_v_dim))

@@ -1,11 +1,8 @@
 """Reference attention in plain PyTorch over the paged KV pool.
 
-Scores are never formed for the whole batch at once: a decode batch attends one query per request against that
-request's own keys (padded to the longest), and a prefill attends request by request with SDPA. All index tensors
-(which slots each request reads, masks) are built once per forward in prepare_metadata, not once per layer.
-
-A pool that stores another dtype than the model's (``--kv-cache-dtype``, e.g. fp8) is dequantized on read: the
-gathered rows are converted to the query's dtype and multiplied by the layer's scale (``kernel/ref.dequantize_kv``).
+Decode attends one query per request against its own keys (padded to the longest), prefill request by request
+with SDPA; index tensors (slots, masks) are built once per forward in prepare_metadata, not per layer.
+A pool of another dtype (``--kv-cache-dtype``) is dequantized on read (``kernel/ref.dequantize_kv``).
 """
 
 from __future__ import annotations
@@ -49,9 +46,7 @@ class TorchAttnMetadata(BaseAttnMetadata):
 
 @dataclass
 class TorchCaptureData:
-    """Graph hooks (CPU emulation of CUDA graphs): a captured decode reads each request's page-table row and length
-    from these fixed buffers and rebuilds its slot indices from them in every layer, so a replay sees exactly what
-    was copied in."""
+    """CPU graph emulation: a captured decode rebuilds its slot indices from these fixed buffers in every layer."""
 
     table_idx: torch.Tensor  # [bs] page-table rows
     seq_lens: torch.Tensor  # [bs] device lengths
@@ -66,9 +61,8 @@ class TorchBackend(BaseAttnBackend):
         num_layers = self.kv_cache.num_layers
         k0 = self.kv_cache.k_cache(0)
         self.num_kv_heads, self.head_dim = k0.shape[-2], k0.shape[-1]
-        # per-layer views of the pool as [num_slots, heads * dim], made once: gathering rows of a 2-D view with
-        # index_select is several times faster on CPU than advanced indexing of [num_slots, heads, dim] (stage1),
-        # and the decode step gathers every request's keys and values in every layer
+        # per-layer [num_slots, heads * dim] views, made once: index_select on a 2-D view is several times faster
+        # on CPU than advanced indexing of [num_slots, heads, dim] (stage1), and decode gathers in every layer
         # (an fp8 pool's rows are gathered as bytes: index_select does not cover the fp8 dtypes everywhere)
         row = self.num_kv_heads * self.head_dim
         self._bytes = is_fp8(self.kv_cache.dtype)
@@ -99,9 +93,8 @@ class TorchBackend(BaseAttnBackend):
             segments.append(PrefillSegment(start, end, kv_indices, mask))
         batch.attn_metadata = TorchAttnMetadata(**common, is_decode=False, segments=segments)
 
-    def _decode_indices(
-        self, rows: torch.Tensor, lens: torch.Tensor, max_len: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _decode_indices(self, rows: torch.Tensor, lens: torch.Tensor,
+                        max_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         kv_indices = self.page_table[rows, :max_len].to(torch.int64)
         valid = torch.arange(max_len, device=rows.device)[None, :] < lens[:, None]
         # Padding points at the request's own first slot: written, so finite (a 0 weight times garbage could be NaN).
@@ -148,8 +141,7 @@ class TorchBackend(BaseAttnBackend):
         """q [bs, Hq, D] against each request's gathered keys / values kb, vb [bs, Hkv, S, D]."""
         bs, num_qo_heads, head_dim = q.shape
         group = num_qo_heads // self.num_kv_heads
-        # GQA without repeating K/V: q head h uses kv head h // group, so the group's heads become `group` query
-        # rows against one kv head.
+        # GQA without repeating K/V: q head h uses kv head h // group, so a group's heads are rows of one query
         qg = q.view(bs, self.num_kv_heads, group, head_dim)
         o = F.scaled_dot_product_attention(qg, kb, vb, attn_mask=mask, scale=self.scale)
         return o.reshape(bs, num_qo_heads, head_dim)  # SDPA output may be strided (CUDA)
@@ -158,22 +150,16 @@ class TorchBackend(BaseAttnBackend):
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
         max_bs = max(bs_list)
         device = self.page_table.device
-        self.capture = TorchCaptureData(
-            table_idx=torch.zeros(max_bs, dtype=torch.int64, device=device),
-            seq_lens=torch.ones(max_bs, dtype=torch.int64, device=device),
-        )
+        self.capture = TorchCaptureData(table_idx=torch.zeros(max_bs, dtype=torch.int64, device=device),
+                                        seq_lens=torch.ones(max_bs, dtype=torch.int64, device=device))
 
     def prepare_for_capture(self, batch: Batch) -> None:
         assert self.capture is not None, "init_capture_graph first"
         bs = batch.padded_size
-        batch.attn_metadata = TorchAttnMetadata(
-            out_loc=batch.out_loc,  # the graph runner's input buffer (set_batch runs first)
-            last_indices=torch.arange(bs, device=self.page_table.device),
-            is_decode=True,
-            graph=TorchCaptureData(self.capture.table_idx[:bs], self.capture.seq_lens[:bs]),
-        )
-        # the capture batch's own rows (the dummy request's, whose slot is the zeroed dummy page): the buffers'
-        # initial row 0 would read slot 0, not written yet when graphs are captured
+        batch.attn_metadata = TorchAttnMetadata(  # out_loc: the graph runner's input buffer (set_batch runs first)
+            out_loc=batch.out_loc, last_indices=torch.arange(bs, device=self.page_table.device), is_decode=True,
+            graph=TorchCaptureData(self.capture.table_idx[:bs], self.capture.seq_lens[:bs]))
+        # the capture batch is the dummy request at its zeroed page (slot 0 is not written yet at capture)
         self._fill_capture_rows(batch)
 
     def prepare_for_replay(self, batch: Batch) -> None:

@@ -1,25 +1,21 @@
-"""Triton backend: our own paged decode/prefill kernels (``kernel/triton_attention.py``, ``triton_prefill.py``),
-so a GPU without FlashInfer or FlashAttention is still fast, and a CPU can run the same code under Triton's
-interpreter.
-
-An fp8 pool is read as stored: the kernels convert each loaded K/V block in registers (``--kv-cache-dtype``).
-
-The kernels read the token-slot page table directly through each request's row (``table_idx``), so the
-metadata is three small vectors; a captured decode graph reads them from fixed buffers.
+"""Triton backend: the paged kernels of ``kernel/triton_attention.py`` and ``triton_prefill.py`` (a CPU runs them
+under Triton's interpreter). They read the page table through each request's row, so the metadata is three small
+vectors; captured graphs read them from fixed buffers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, List
 
 import torch
 
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
+from ..utils.device import to_device as upload
 from ..utils.device import to_device_packed
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .utils import batch_seq_lens, upload
+from .utils import batch_seq_lens
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -38,8 +34,7 @@ class TritonMetadata(BaseAttnMetadata):
     num_splits: int = 1  # decode split-K factor
     mid_o: torch.Tensor | None = None  # decode scratch (fixed buffers under a CUDA graph)
     mid_lse: torch.Tensor | None = None
-    # prefill: the kernel's (request, query block) work list on the device (kernel/triton_prefill.py:
-    # prefill_block_map), its programs run those instead of a grid sized by the batch and max_seqlen_q
+    # prefill: the kernel's device work list (kernel/triton_prefill.py: prefill_block_map)
     block_map: torch.Tensor | None = None
 
     @property
@@ -71,7 +66,6 @@ class TritonCaptureData:
 
 class TritonBackend(BaseAttnBackend):
     def __init__(self, config: ModelConfig):
-        # imported here: Triton is only needed when this backend is used
         from ..kernel import triton_attention, triton_prefill
 
         self._kernels = triton_attention
@@ -89,17 +83,13 @@ class TritonBackend(BaseAttnBackend):
         self._v = [self.kv_cache.v_cache(i).view(-1, self.num_kv_heads, self.head_dim) for i in layers]
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 1)
+        q_dtype, group = getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads
         # an fp8 pool on an sm_89+ GPU decodes with the CUDA kernel, which wants fewer splits
-        self._cuda_fp8 = triton_attention.cuda_fp8_decode_applies(
-            getattr(self.kv_cache, "compute_dtype", k0.dtype), k0.dtype, self.head_dim,
-            self.num_qo_heads // self.num_kv_heads, self.device)
+        self._cuda_fp8 = triton_attention.cuda_fp8_decode_applies(q_dtype, k0.dtype, self.head_dim, group, self.device)
         self.capture: TritonCaptureData | None = None
-        self._capture_meta: Dict[int, TritonMetadata] = {}
         self.prefill_capture: TritonPrefillCaptureData | None = None
         self._prefill_max_reqs = 0  # init_prefill_capture
-        # query tokens per program of the prefill kernel, for its block maps
-        self._prefill_block_m = self._prefill.prefill_block_m(
-            getattr(self.kv_cache, "compute_dtype", k0.dtype), self.num_qo_heads // self.num_kv_heads)
+        self._prefill_block_m = self._prefill.prefill_block_m(q_dtype, group)
 
     def _num_splits(self, bs: int) -> int:
         return self._kernels.decode_num_splits(bs, self.num_kv_heads, MAX_DECODE_SPLITS, self.num_sms, self._cuda_fp8)
@@ -153,8 +143,8 @@ class TritonBackend(BaseAttnBackend):
                                                         self._prefill_block_m)
 
     def prepare_for_prefill_capture(self, batch: Batch) -> None:
-        """After prepare_metadata(batch): the batch's metadata copied into the fixed buffers (shared by the graphs
-        of every token count, each launching over its own count's capacity of the work list) and read from them."""
+        """After prepare_metadata(batch): its metadata copied into the fixed buffers (shared by every token count's
+        graph) and read from them."""
         cap = self.prefill_capture
         assert cap is not None, "init_prefill_capture first"
         meta = self._copy_prefill_metadata(cap, batch)
@@ -192,9 +182,7 @@ class TritonBackend(BaseAttnBackend):
         cap = self.capture
         assert cap is not None, "init_capture_graph first"
         bs = batch.padded_size
-        # The capture batch is the engine's dummy request: its rows, whose one slot is the zeroed dummy page. Row 0
-        # would read slot 0, not written yet when graphs are captured (uninitialised memory on a CPU, NaN/inf in the
-        # capture run). A replay copies the real rows in.
+        # the capture batch is the dummy request at its zeroed page (slot 0 is not written yet at capture)
         cap.table_idx[:bs].copy_(upload(batch_seq_lens(batch).table_idx, self.device))
         batch.attn_metadata = TritonMetadata(
             cu_seqlens_q=cap.cu_seqlens_q[: bs + 1], seq_lens=cap.seq_lens[:bs], table_idx=cap.table_idx[:bs],

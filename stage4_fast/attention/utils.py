@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
-from ..utils.device import to_device
-
 if TYPE_CHECKING:
     from ..core import Batch, Req
 
@@ -47,9 +45,7 @@ def _prefix_sums(lengths: np.ndarray) -> torch.Tensor:
 
 
 def make_seq_lens(reqs: Sequence[Req]) -> SeqLens:
-    """The lengths of ``reqs`` as they are now. One pass over the requests per column (``map`` of an attrgetter,
-    in C) and the rest in numpy, not Python lists of Req properties turned into tensors: the scheduler needs them
-    for every request at every step."""
+    """The lengths of ``reqs`` now: one C-level pass per column, the rest in numpy (every request, every step)."""
     table_idx, cached, seqlens_k = (_column(reqs, getter) for getter in (_TABLE_IDX, _CACHED_LEN, _DEVICE_LEN))
     seqlens_q = seqlens_k - cached
     return SeqLens(
@@ -61,24 +57,16 @@ def make_seq_lens(reqs: Sequence[Req]) -> SeqLens:
 
 
 def batch_seq_lens(batch: Batch) -> SeqLens:
-    """The lengths of the batch's padded requests as it is prepared, built once: the scheduler, the attention
-    backend and the graph runner all read them before the forward launches (after it, every request has moved on
-    by its extend length, and a batch is never prepared twice)."""
+    """The padded requests' lengths, built once before the forward (after it, every request has moved on)."""
     lens = batch.host_lens
     if lens is None or len(lens.table_idx) != len(batch.padded_reqs):
         lens = batch.host_lens = make_seq_lens(batch.padded_reqs)
     return lens
 
 
-def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Pinned, non-blocking host -> device copy (identity on CPU)."""
-    return to_device(t, device)
-
-
 @dataclass
 class BaseCaptureData:
-    """Fixed buffers, sized for the largest captured batch, that a captured decode graph reads its metadata from.
-    Values are harmless defaults (length 1, slot 0) so a capture run touches valid memory."""
+    """Fixed metadata buffers of the captured decode graphs (largest batch); defaults (length 1, slot 0) are safe."""
 
     seq_lens: torch.Tensor  # [max_bs] int32
     positions: torch.Tensor  # [max_bs] int32

@@ -20,9 +20,7 @@ def triton_interpreting() -> bool:
 
 def store_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Write K/V rows [L, ...] into the caches (viewed as [num_slots, -1]) at the token slots ``indices`` [L].
-    Duplicate slots are not allowed. An fp8 cache stores ``k / k_scale`` and ``v / v_scale``, saturated (one
-    CUDA kernel converts as it scatters); caches of the rows' own dtype get a plain copy."""
+    """K/V rows [L, ...] into the caches (as [num_slots, -1]) at distinct slots ``indices`` [L] (fp8: / scale)."""
     module = load_cuda_kernels() if k_cache.is_cuda else None
     if module is not None and k_cache.dtype == k.dtype:
         module.store_cache(k_cache, v_cache, indices, k, v)
@@ -46,8 +44,7 @@ def indexing(weights: torch.Tensor, indices: torch.Tensor, *, output: torch.Tens
 
 
 def fused_kernels_for(x: torch.Tensor):
-    """The fused Triton element-wise kernels (``triton_fused``) when they apply to activation ``x`` (a CUDA tensor
-    in bf16/fp16), else None: callers then take the PyTorch path. Triton is imported only here."""
+    """``triton_fused`` for a CUDA bf16/fp16 activation ``x``, else None (the PyTorch path)."""
     if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
         return None
     from . import triton_fused
@@ -56,8 +53,7 @@ def fused_kernels_for(x: torch.Tensor):
 
 
 def gemv_kernel_for(x: torch.Tensor):
-    """The Triton GEMV (``triton_gemv``) when it applies to the activation ``x`` of a linear layer: one row, a CUDA
-    tensor in bf16/fp16. Else None: callers use F.linear."""
+    """``triton_gemv`` for a one-row CUDA bf16/fp16 activation ``x``, else None (F.linear)."""
     if x.dim() != 2 or x.shape[0] != 1 or not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
         return None
     from . import triton_gemv
@@ -66,9 +62,7 @@ def gemv_kernel_for(x: torch.Tensor):
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` of [rows, vocab] logits as int32 (what the engine keeps token ids in): the Triton
-    kernel (``triton_argmax``: the same answer, ties and NaN included) for CUDA logits in bf16/fp16, else
-    PyTorch's."""
+    """``logits.argmax(-1)`` of [rows, vocab] as int32 (the Triton kernel for CUDA bf16/fp16 logits)."""
     if (logits.is_cuda and logits.dtype in (torch.bfloat16, torch.float16) and logits.dim() == 2
             and logits.stride(1) == 1):
         from . import triton_argmax
@@ -77,7 +71,5 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1).to(torch.int32)
 
 
-__all__ = [
-    "fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax",
-    "indexing", "load_cuda_kernels", "store_cache",
-]
+__all__ = ["fused_kernels_for", "triton_interpreting", "gemv_kernel_for", "greedy_argmax", "indexing",
+           "load_cuda_kernels", "store_cache"]

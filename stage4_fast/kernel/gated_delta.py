@@ -1,26 +1,11 @@
-"""PyTorch references for Qwen3.5's linear-attention layer: the causal depthwise conv and the gated delta rule.
+"""PyTorch references for Qwen3.5's linear attention: the causal depthwise conv and the gated delta rule, on
+token-major tensors. Per token (q, k unit-norm, q scaled by 1/sqrt(Dk), log decay g <= 0, beta in (0, 1)) the
+state S [heads, Dk, Dv] does: S <- exp(g) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q.
 
-Everything is written for one request at a time (prefill) or one token per request (decode), on token-major
-tensors as the engine lays them out ([tokens, heads, dim]); the backend loops or gathers the per-request state.
-
-The gated delta rule keeps a state S [heads, Dk, Dv] per request. For every token (q, k unit-norm, q scaled by
-1/sqrt(Dk), decay g <= 0 in log space, write strength beta in (0, 1)):
-
-    S <- exp(g) * S                       forget
-    u  = beta * (v - S^T k)               the part of v the state does not predict yet (the delta rule)
-    S <- S + k u^T                        write it
-    o  = S^T q
-
-`recurrent_gated_delta_rule` runs this literally (decode: one step per request). `chunk_gated_delta_rule` gives the
-same result for a whole segment with matrix products: inside a chunk of C tokens, with G_i the cumulative log decay
-from the chunk start and S the state entering the chunk,
-
-    u_i = beta_i (v_i - e^{G_i} S^T k_i - sum_{j<i} e^{G_i - G_j} (k_i . k_j) u_j)
-
-is a unit lower-triangular system (I + A) U = beta * (V - e^G K S) with A_ij = beta_i e^{G_i-G_j} k_i.k_j, solved
-once per chunk; then o_i = e^{G_i} S^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i . k_j) u_j and
-S_next = e^{G_C} S + sum_j e^{G_C - G_j} k_j u_j^T. Only the last two steps depend on S, so the triangular solves
-of all chunks run at once and the loop over chunks is two small matmuls each.
+The chunked form (G_i: cumulative log decay in the chunk, S: the state entering it) solves the unit
+lower-triangular system u_i = beta_i (v_i - e^{G_i} S^T k_i - sum_{j<i} e^{G_i-G_j} (k_i . k_j) u_j) for all chunks
+at once; then o_i = e^{G_i} S^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i . k_j) u_j and
+S_next = e^{G_C} S + sum_j e^{G_C-G_j} k_j u_j^T cost two small matmuls per chunk.
 """
 
 from __future__ import annotations
@@ -38,9 +23,8 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def causal_conv1d_prefill(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor | None
-) -> Tuple[torch.Tensor, torch.Tensor]:
+def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor,
+                          conv_state: torch.Tensor | None) -> Tuple[torch.Tensor, torch.Tensor]:
     """x [L, C] one request's new tokens, weight [C, K], conv_state [C, K-1] (the K-1 inputs before x; None: a
     fresh request, zeros). Returns (silu(conv) [L, C], the new conv state [C, K-1])."""
     L, C = x.shape
@@ -54,9 +38,8 @@ def causal_conv1d_prefill(
     return F.silu(out).t(), window[:, -(K - 1) :]
 
 
-def causal_conv1d_update(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor]:
+def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor,
+                         conv_state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Decode: x [B, C] one token per request, conv_state [B, C, K-1]. Returns (silu(conv) [B, C], new state)."""
     B, C = x.shape
     window = torch.cat([conv_state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, K]

@@ -1,7 +1,5 @@
-"""JIT build of the CUDA copy kernels (``csrc/``) with torch's extension loader, once per process.
-
-Upstream builds its kernels with tvm-ffi; torch's loader needs nothing beyond nvcc and ninja, which a CUDA
-development setup has. A failed build is reported once and the caller falls back to the torch reference.
+"""JIT build of the CUDA kernels (``csrc/``) with torch's extension loader (upstream: tvm-ffi), once per process;
+a failed build is reported once and callers fall back to the torch reference.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Programmatic dependent launch (PDL, Hopper and later) for the engine's Triton kernels.
-
-A decode step is a chain of a few hundred small dependent kernels; inside a CUDA graph each boundary still costs
-the next kernel's launch and ramp. Launched with PDL a kernel may start while the one before it still runs: its
-programs wait with ``griddepcontrol.wait`` (``pdl_wait``) before they read anything that kernel wrote, and
-meanwhile may read what no earlier kernel writes (a GEMV's weights). Right after its wait a kernel lets the next
-one launch (``griddepcontrol.launch_dependents``), so at most two kernels overlap and the second reads only
-constants until its wait (or rows written before the kernel before it started: the deferred norms', ``triton_fused``).
-
-A kernel launched without PDL, or after one that never signals (cuBLAS, torch), starts when the previous kernel
-ends: the stream's order is unchanged. Triton's interpreter and GPUs before compute capability 9.0 never use it.
-The answer is worked out once per device, since every eager Triton launch asks.
+"""Programmatic dependent launch (PDL, sm_90+) for the Triton kernels: a kernel may start while the one before it
+runs, reading only what no running kernel writes (weights) until ``pdl_wait``; right after its wait it lets the
+next one launch, so at most two kernels overlap. After a kernel that never signals (cuBLAS, torch) the stream
+order is unchanged. Off under Triton's interpreter.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""Dependent launch out of kernels that never signal: a captured CUDA graph's programmatic edges, rewired.
+"""Dependent launch after kernels that never signal (cuBLAS GEMMs): a captured CUDA graph's edges, rewired.
 
-A kernel launched with programmatic dependent launch (``kernel/pdl.py``) may start before the kernel before it has
-finished, but only once that kernel *lets* it: each of its programs executes ``griddepcontrol.launch_dependents``
-or exits. cuBLAS's GEMMs never do, so a decode step's kernels after a GEMM (the q/k norm + RoPE, the add-RMSNorm,
-SiLU-and-mul, the argmax) still launch only as the GEMM's last programs exit, and each pays its launch and ramp in
-the open. In a graph, the edge from the GEMM can instead leave at the GEMM's *launch order* port
-(``CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER``): it fires once all of the GEMM's programs have started, so the next
-kernel launches while the GEMM runs and its programs wait in ``griddepcontrol.wait``, which returns only when the
-GEMM has completed and its writes are visible (the CUDA driver API's description of programmatic edges; the PTX
-manual's of ``griddepcontrol.wait``). What any kernel reads is unchanged, so the results are the same bits.
-
-Which edges: the programmatic ones whose upstream kernel has no programmatic edge coming in (launched without
-PDL); a kernel that signals keeps the ``launch_dependents`` it chose. Moving one too many is harmless: correctness
-rests on the dependent's wait, not on when it launches. The graph is captured with
-``torch.cuda.CUDAGraph(keep_graph=True)`` and instantiated after the rewiring; the driver (``libcuda.so.1``) is
-called through ctypes, and where it lacks the edge functions (before CUDA 12.3) the graph stays as captured.
+Edges out of kernels launched without PDL move to the launch-order port, so the next kernel launches while the
+GEMM runs; its ``griddepcontrol.wait`` still waits for the GEMM's writes, so the bits are unchanged. Rewired
+through libcuda via ctypes (CUDA 12.3+); otherwise the graph stays as captured.
 """
 
 from __future__ import annotations
@@ -48,8 +36,7 @@ class Edge:
 
 
 def edges_to_launch_order(edges: Sequence[Edge]) -> List[int]:
-    """Indices of the programmatic edges whose upstream node has no programmatic edge coming in (a kernel launched
-    without PDL, which never signals its dependents): those are the edges to leave at launch order."""
+    """Indices of the programmatic edges whose source was launched without PDL (no programmatic edge in)."""
     launched_with_pdl = {e.dst for e in edges if e.kind == DEPENDENCY_PROGRAMMATIC}
     return [i for i, e in enumerate(edges)
             if e.kind == DEPENDENCY_PROGRAMMATIC and e.from_port == PORT_PROGRAMMATIC
@@ -74,7 +61,6 @@ def _check(result: int, what: str) -> None:
 
 
 def _edge_array(edges: Sequence[Edge], from_port: int | None = None, kind: int | None = None):
-    """The driver's (sources, destinations, edge data) arrays for ``edges``, optionally with another port / type."""
     k = len(edges)
     src = (ctypes.c_void_p * k)(*(e.src for e in edges))
     dst = (ctypes.c_void_p * k)(*(e.dst for e in edges))
@@ -87,8 +73,7 @@ def _edge_array(edges: Sequence[Edge], from_port: int | None = None, kind: int |
 
 
 def graph_edges(graph) -> List[Edge] | None:
-    """The edges of ``graph`` (a ``torch.cuda.CUDAGraph`` captured with ``keep_graph=True``); None where the driver
-    cannot say (no edge functions, or the call failed)."""
+    """The edges of ``graph`` (captured with ``keep_graph=True``); None where the driver cannot say."""
     lib = _driver()
     if lib is None:
         return None
@@ -106,8 +91,7 @@ def graph_edges(graph) -> List[Edge] | None:
 
 
 def replace_edges(graph, edges: Sequence[Edge], from_port: int, kind: int) -> bool:
-    """Replace each of ``edges`` in ``graph`` by the same edge leaving at ``from_port`` with type ``kind``. Where the
-    driver refuses the new edges the captured ones are put back and the graph is as it was: returns False."""
+    """Re-add ``edges`` leaving at ``from_port`` with type ``kind``; if the driver refuses, restore them: False."""
     lib = _driver()
     if lib is None or not edges:
         return False
@@ -122,9 +106,8 @@ def replace_edges(graph, edges: Sequence[Edge], from_port: int, kind: int) -> bo
 
 
 def move_edges_to_launch_order(graph) -> int:
-    """Rewire ``graph`` (a ``torch.cuda.CUDAGraph`` captured with ``keep_graph=True``, not yet instantiated) as the
-    module docstring says; returns how many edges now leave at launch order (0 where the driver cannot: the graph
-    then stays as captured, which is correct, only slower)."""
+    """Rewire ``graph`` (captured with ``keep_graph=True``, not yet instantiated); returns the edges moved (0: the
+    graph stays as captured, correct but slower)."""
     edges = graph_edges(graph)
     if edges is None:
         return 0

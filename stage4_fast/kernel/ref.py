@@ -12,9 +12,8 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """K or V rows as the pool stores them: ``x / scale`` rounded to ``dtype`` (to nearest, ties to even). fp8
-    saturates at its largest finite value (e4m3 448, e5m2 57344), as the GPU kernel's satfinite conversion does,
-    instead of overflowing to NaN / inf."""
+    """``x / scale`` rounded to ``dtype`` (nearest even); fp8 saturates at its largest finite value, as the GPU's
+    satfinite conversion does."""
     if x.dtype == dtype and scale == 1.0:
         return x
     y = x.float() / scale if scale != 1.0 else x.float()
@@ -25,7 +24,6 @@ def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tens
 
 
 def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """Stored K or V rows back in the compute dtype: ``x * scale``."""
     y = x.to(dtype)
     return y * scale if scale != 1.0 else y
 
@@ -36,14 +34,12 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def gather_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """``cache[slots]`` (rows of the first dimension), for any storage dtype."""
     return _as_bytes(cache)[slots].view(cache.dtype)
 
 
 def store_cache_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Scatter per-token K/V rows into the caches at token slots ``indices`` (caches seen as [num_slots, -1]),
-    converted to the caches' dtype (``quantize_kv``: divided by the scale, fp8 saturating)."""
+    """Scatter K/V rows into the caches (as [num_slots, -1]) at slots ``indices``, through ``quantize_kv``."""
     num_tokens = indices.shape[0]
     if num_tokens == 0:  # (as the CUDA kernel; a [0, -1] reshape would be ambiguous)
         return
@@ -54,8 +50,8 @@ def store_cache_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch
 
 def indexing_ref(weights: torch.Tensor, indices: torch.Tensor, output: torch.Tensor | None = None,
                  vocab_range: Tuple[int, int] | None = None) -> torch.Tensor:
-    """Row gather; with ``vocab_range=(start, length)`` rows whose index lies outside [start, start+length) are
-    zero and the others are read at ``index - start`` (one rank's shard of a vocab-parallel embedding)."""
+    """Row gather; with ``vocab_range=(start, length)`` (a vocab shard) rows outside it are zero, others read at
+    ``index - start``."""
     if vocab_range is None:
         result = weights[indices]
     else:
@@ -72,9 +68,8 @@ def indexing_ref(weights: torch.Tensor, indices: torch.Tensor, output: torch.Ten
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                         table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                         sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """Causal attention of ragged queries against the token-slot paged cache, one request at a time in fp32.
-    q [T, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] in any storage dtype, read as ``stored * scale``; query i
-    of request b sits at position ``seq_lens[b] - q_len_b + i``. Decode is the case q_len_b == 1."""
+    """Causal attention of ragged queries against the paged cache, per request in fp32. q [T, Hq, D]; k/v_cache
+    [num_slots, Hkv, D] read as ``stored * scale``; query i of request b sits at ``seq_lens[b] - q_len_b + i``."""
     out = torch.empty_like(q)
     group = q.shape[1] // k_cache.shape[1]
     cu = cu_seqlens_q.tolist()
@@ -95,8 +90,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def fused_experts_ref(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                       topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    """Expert MLPs the plain way (as HF's Qwen3MoeExperts): for each expert hit, its tokens through
-    gate/up -> act(gate) * up -> down, scaled by the routing weight and summed per token."""
+    """Expert MLPs as HF's Qwen3MoeExperts: per expert, act(gate) * up -> down, weighted and summed per token."""
     act_fn = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation]
     out = torch.zeros_like(hidden_states)
     weights = topk_weights.to(hidden_states.dtype)

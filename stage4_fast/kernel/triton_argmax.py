@@ -1,12 +1,6 @@
-"""Greedy sampling's argmax over 16-bit logits on a GPU: ``torch.argmax(logits, -1)`` with the same answer, in int32.
-
-Why: PyTorch's reduction reads a decode batch's logits (tens of MB at a 152k vocabulary) with one program per row
-walking the whole row, far below the memory's bandwidth. Here programs read chunks of every row side by side, each
-keeping the largest value and its first index; a second small kernel picks each row's winner among its chunks. The
-int32 result also saves the engine's conversion of PyTorch's int64 indices.
-
-Same answer as PyTorch, ties and NaN included: the first index of the largest value; a NaN counts as larger than
-every number (the first NaN wins), as in ``torch.argmax``. Values compare in fp32 (exact for 16-bit inputs).
+"""Argmax over 16-bit GPU logits as int32, ``torch.argmax``'s answer (first index of the largest; the first NaN
+wins). PyTorch walks each row with one program; here programs read chunks side by side, then a small kernel picks
+each row's winner among its chunks.
 """
 
 from __future__ import annotations
@@ -41,8 +35,7 @@ def _argmax_chunks_kernel(Logits, ChunkVal, ChunkIdx, V, stride_row, num_chunks,
     chunk = tl.program_id(1)
     base = Logits + row.to(tl.int64) * stride_row
     cols = chunk * CHUNK + tl.arange(0, BLOCK)
-    # each lane keeps its best so far; lanes see their columns in increasing order, so a strict "greater" keeps the
-    # first of equal values, and a NaN replaces a number but not an earlier NaN
+    # lanes see columns in increasing order: a strict "greater" keeps the first of equals, and the first NaN
     best = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
     best_idx = tl.where(cols < V, cols, NO_INDEX)
     for start in range(BLOCK, CHUNK, BLOCK):
@@ -70,7 +63,6 @@ def _argmax_rows_kernel(ChunkVal, ChunkIdx, Out, num_chunks, BLOCK_C: tl.constex
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` of a [rows, vocab] tensor (unit stride along the vocabulary), as int32."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and vocab < _NO_INDEX
     num_chunks = triton.cdiv(vocab, CHUNK)

@@ -1,20 +1,7 @@
-"""Triton paged attention over the token-slot page table (page size 1 view, like upstream's FlashInfer path).
-
-The kernels read K/V rows straight from the pool through ``page_table[table_idx[b], pos]`` (token slots), so a
-request's KV never has to be contiguous and nothing is gathered on the host. This module holds the key-block loop
-both kernels share and the decode kernel; ``triton_prefill`` holds the prefill (extend) kernel.
-
-Decode: one query token per request. Grid (batch, kv_head, split): every program owns all query heads of one KV
-head (GQA packing, so each K/V row is read once per KV head) and one slice of the sequence (split-K, so a small
-batch still fills the GPU); a second kernel merges the slices by their log-sum-exp. The number of splits depends
-only on the batch size, so a CUDA graph captured for one batch size replays with any lengths.
-
-An fp8 pool (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) is read as it is stored: the kernels load the fp8
-rows (half the bytes of bf16, which is what a decode step is bound by) and convert them to the query's dtype in
-registers; the per-layer K scale is folded into the softmax scale and the V scale multiplies the output.
-
-Both run under ``TRITON_INTERPRET=1`` on a CPU (the tests do that), where fp32 dots are exact; on a GPU fp32 dots
-use IEEE precision rather than TF32 so fp32 runs stay token-for-token with HF.
+"""Triton paged attention reading K/V through ``page_table[table_idx[b], pos]``. Decode grid (batch, kv_head,
+split): a program owns one KV head's query heads and one slice of the sequence; a second kernel merges slices by
+log-sum-exp. fp8 K/V convert in registers (K scale in the softmax scale, V scale on the output); fp32 dots use IEEE
+precision so fp32 runs match HF.
 """
 
 from __future__ import annotations
@@ -39,10 +26,8 @@ def _dot_precision(dtype: torch.dtype) -> str | None:
 
 
 def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
-    """fp8 K/V under 16-bit queries: the dots run in fp16, not the queries' dtype. fp8 values are exact in fp16
-    (e5m2 is fp16's upper byte) and convert in one instruction per two values, where bf16 takes a detour through
-    fp32. Queries lose nothing (fp16 has more mantissa than bf16; |q| stays far below 65504 after the q norm);
-    probabilities gain precision."""
+    """fp8 K/V under 16-bit queries: dots run in fp16 (fp8 is exact in fp16 and converts cheaply; fp16 has more
+    mantissa than bf16 and |q| stays far below 65504 after the q norm)."""
     return kv_dtype.itemsize == 1 and q_dtype in (torch.float16, torch.bfloat16)
 
 
@@ -52,14 +37,10 @@ def _attend_key_block(
     stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr, D_PADDED: tl.constexpr,
 ):
-    """Fold one block of keys (positions ``pos``, ``n_mask`` = inside the range) into the online softmax of the
-    query rows ``q``: running max ``m_i``, sum ``l_i`` and weighted values ``acc``, in base 2 (``sm_scale``
-    includes log2(e), so each score takes one multiply and an ex2). ``visible`` [rows, keys] masks scores (the
-    range, and causality in prefill). MASKED=False: every key of the block is in range and visible, so no load is
-    predicated and no score selected (about a quarter of the decode loop's instructions). D_PADDED: the head
-    dimension is not a power of two, so the rows' padding columns are masked even then (they would read the next
-    head's values or past the pool's end: garbage, and a NaN there makes the zero-padded q's dot NaN). Both kernels
-    call it; Triton inlines it."""
+    """Fold keys at ``pos`` into the base-2 online softmax (``sm_scale`` includes log2(e)) of rows ``q``.
+    ``visible`` [rows, keys] masks scores. MASKED=False: every key is in range and visible (no predicated loads).
+    D_PADDED: head_dim is not a power of two, so padding columns stay masked (they would read garbage, and a NaN
+    there makes the zero-padded q's dot NaN)."""
     if MASKED:
         slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -91,11 +72,7 @@ def _attend_key_block(
     return acc, m_new, l_i
 
 
-# Triton compiles one variant per "specialisation" of a kernel's integer arguments (== 1, divisible by 16). The
-# decode kernels must not get a new variant from the split count or from whoever allocated the split scratch: the
-# CUDA graphs (fixed buffers, MAX splits wide) compile theirs at capture; an eager decode-shaped batch (a prefill
-# of one token per request, e.g. prompts the prefix cache holds but for their last token) must not compile another
-# one while every running request waits. So num_splits is not specialised on, and eager scratch is allocated
+# Eager decodes reuse the variant the CUDA graphs compiled: num_splits is not specialised on, and eager scratch is
 # SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
 SCRATCH_SPLIT_ALIGN = 16
 _DECODE_UNSPECIALISED = ["num_splits"]
@@ -200,60 +177,43 @@ def _decode_combine_kernel(
 
 def decode_num_splits(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
                       cuda_fp8: bool = False) -> int:
-    """Split-K factor: about DECODE_PROGRAMS_PER_SM programs per SM (DECODE_PROGRAMS_PER_SM_CUDA_FP8 for the CUDA
-    fp8 kernel), so small batches of long sequences still stream the KV at full bandwidth. It depends on the batch
-    size only, so one captured graph per batch size stays valid."""
+    """Split-K factor: about DECODE_PROGRAMS_PER_SM programs per SM; depends on the batch size only."""
     if _interpreting():
         return min(2, max_splits)  # exercise the merge path, cheaply
     per_sm = DECODE_PROGRAMS_PER_SM_CUDA_FP8 if cuda_fp8 else DECODE_PROGRAMS_PER_SM
     return max(1, min(max_splits, math.ceil(per_sm * num_sms / max(1, batch_size * num_kv_heads))))
 
 
-# Launch parameters of the decode kernel on a GPU, (key block, warps, stages), tuned at the offline workload's
-# shapes: 16-bit K/V in 128-key blocks; fp32 tiles are twice as large, so 64-key blocks fit shared memory.
+# GPU decode launch (key block, warps, stages); fp32 tiles are twice as large, so 64-key blocks.
 DECODE_BLOCK_N = 128
-DECODE_NUM_WARPS = 4
-DECODE_NUM_STAGES = 2
+DECODE_LAUNCH_16BIT = (DECODE_BLOCK_N, 4, 2)
 DECODE_LAUNCH_FP32 = (64, 4, 3)
-# an fp8 KV cache under 16-bit queries: 64-key blocks with at most DECODE_MAXNREG_FP8 registers per thread (room
-# for more programs per SM) and 5 stages, the first depth at which Triton double-buffers the gathered K/V tiles
-# (its pipeliner shares the stages between the page-table load and the K/V loads it addresses)
+# fp8 KV under 16-bit queries: a register cap, and 5 stages (the first depth that double-buffers the K/V tiles)
 DECODE_LAUNCH_FP8 = (64, 4, 5)
 DECODE_MAXNREG_FP8: int | None = 128
-# split-K target: about this many programs per SM (batch x KV heads x splits), so that a small batch of long
-# sequences still streams the KV at full bandwidth
+# split-K target: programs (batch x KV heads x splits) per SM
 DECODE_PROGRAMS_PER_SM = 11
-# the CUDA fp8 kernel's target: a split costs it more than it saves (a program's Q, page-table and first row loads
-# are a chain of dependent reads before its first tile, and its warps merge through shared memory at the end)
+# the CUDA fp8 kernel's: a split costs it more than it saves (dependent loads before its first tile)
 DECODE_PROGRAMS_PER_SM_CUDA_FP8 = 1
-# The decode loop's whole blocks unmasked (WHOLE_BLOCKS): no predicated loads, no score selects, about a quarter
-# fewer instructions per key row. It pays where the kernel waits on its instructions, an fp8 pool (converting every
-# value); a 16-bit pool's kernel is bound by its bytes, and the second loop body costs registers (fewer programs
-# per SM), so it keeps one masked loop.
+# unmasked whole blocks pay where the kernel is instruction bound (fp8), not where it is bytes bound (16-bit)
 DECODE_WHOLE_BLOCKS_FP8 = True
 DECODE_WHOLE_BLOCKS_16BIT = False
 
 
 def decode_whole_blocks(kv_dtype: torch.dtype) -> bool:
-    """Whether the decode kernel runs the blocks before each split's last one unmasked, for this pool dtype."""
     return DECODE_WHOLE_BLOCKS_FP8 if kv_dtype.itemsize == 1 else DECODE_WHOLE_BLOCKS_16BIT
 
 
 def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | None:
-    """The register cap of the decode kernel on a GPU for these dtypes (None: none)."""
     return DECODE_MAXNREG_FP8 if kv_dtype.itemsize == 1 and q_dtype != torch.float32 else None
 
 
-# Over an fp8 pool a GPU decodes with the CUDA kernel (csrc/decode_fp8.cu: tensor cores without the Triton kernel's
-# 8x head padding, about a third of its instructions per key row) where it applies: sm_89+, head_dim 128, at most
-# 8 query heads per KV head; elsewhere the Triton kernel runs. Its tiles per warp kept in shared memory (2, 3 or 4):
-# one computes while the others' rows are copied in (cp.async).
+# Over an fp8 pool a GPU decodes with csrc/decode_fp8.cu (no 8x head padding) where it applies: sm_89+, head_dim
+# 128, group <= 8. Its tiles per warp in shared memory (2-4): one computes while cp.async fills the others.
 DECODE_FP8_CUDA_STAGES = 2
 # its grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False)
 DECODE_FP8_CUDA_HEADS_FIRST = True
-# Warps per program of the CUDA fp8 kernel: 4, or 8 when a launch has fewer programs (batch x KV heads x splits)
-# than this many per SM. An SM holds 16 warps either way; with few programs, 4-warp ones leave it short of warps
-# and of KV in flight, where 8-warp ones read each sequence with twice the warps.
+# its warps per program: 8 below this many programs per SM (more KV in flight), else 4
 DECODE_FP8_CUDA_WIDE_BELOW = 2
 
 
@@ -271,7 +231,6 @@ def _sm_count(device_index: int) -> int:
 
 
 def cuda_fp8_decode_warps(programs: int, num_sms: int) -> int:
-    """Warps per program of the CUDA fp8 decode kernel for a launch of ``programs`` programs."""
     return 8 if programs < DECODE_FP8_CUDA_WIDE_BELOW * num_sms else 4
 
 
@@ -294,7 +253,6 @@ def cuda_fp8_decode_applies(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_di
 
 
 def cuda_fp8_decode_module(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor):
-    """The JIT-built CUDA module whose ``decode_fp8`` takes this decode, else None (the Triton kernel runs)."""
     group = q.shape[1] // k_cache.shape[1]
     if page_table.stride(0) % 4 or not cuda_fp8_decode_applies(q.dtype, k_cache.dtype, q.shape[-1], group, q.device):
         return None
@@ -302,29 +260,22 @@ def cuda_fp8_decode_module(q: torch.Tensor, k_cache: torch.Tensor, page_table: t
 
 
 def decode_launch(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int, int]:
-    """(key block, warps, stages) of the decode kernel on a GPU for these query / KV-cache dtypes."""
     if q_dtype == torch.float32:
         return DECODE_LAUNCH_FP32
     if kv_dtype.itemsize == 1:
         return DECODE_LAUNCH_FP8
-    return DECODE_BLOCK_N, DECODE_NUM_WARPS, DECODE_NUM_STAGES
+    return DECODE_LAUNCH_16BIT
 
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
-    block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-    k_scale: float = 1.0, v_scale: float = 1.0, max_registers: int | None = None, cuda_stages: int | None = None,
+    block_n: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0, cuda_stages: int | None = None,
     cuda_heads_first: bool | None = None, cuda_warps: int | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D]; k_cache/v_cache [num_slots, Hkv, D] (q's dtype, or fp8 read as stored value x k_scale /
-    v_scale); page_table [rows, width] int32 token slots; table_idx / seq_lens [B] int32. ``mid_o`` [B', Hq, S', D]
-    / ``mid_lse`` [B', Hq, S'] fp32 scratch may be passed in (fixed buffers for CUDA graphs). block_n / num_warps /
-    num_stages / max_registers (0: no cap) override the GPU launch defaults (benchmarks) and so pick the Triton
-    kernel where an fp8 pool would take the CUDA one (``cuda_fp8_decode_module``); ``cuda_stages``,
-    ``cuda_heads_first`` and ``cuda_warps`` override DECODE_FP8_CUDA_STAGES, DECODE_FP8_CUDA_HEADS_FIRST and
-    ``cuda_fp8_decode_warps`` there."""
+    """q [B, Hq, D]; k/v_cache [slots, Hkv, D] (fp8: x k/v_scale); page_table [rows, width], table_idx / seq_lens
+    [B] int32; mid_o [B', Hq, S', D] / mid_lse [B', Hq, S'] fp32 scratch. block_n forces the Triton kernel."""
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -333,14 +284,13 @@ def decode_attention(
         out = torch.empty_like(q)
     if batch == 0:
         return out
-    triton_launch_asked = (block_n, num_warps, num_stages, max_registers) != (None, None, None, None)
-    cuda = None if triton_launch_asked else cuda_fp8_decode_module(q, k_cache, page_table)
+    cuda = None if block_n else cuda_fp8_decode_module(q, k_cache, page_table)
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))
-    dflt = decode_launch(q.dtype, k_cache.dtype)
-    block_n = 16 if _interpreting() else (block_n or dflt[0])
-    launch = {} if _interpreting() else dict(num_warps=num_warps or dflt[1], num_stages=num_stages or dflt[2])
-    cap = decode_max_registers(q.dtype, k_cache.dtype) if max_registers is None else max_registers
+    default_block_n, num_warps, num_stages = decode_launch(q.dtype, k_cache.dtype)
+    block_n = 16 if _interpreting() else (block_n or default_block_n)
+    launch = {} if _interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
+    cap = decode_max_registers(q.dtype, k_cache.dtype)
     if cap and not _interpreting():
         launch["maxnreg"] = cap
     pdl, pdl_options = pdl_launch(q.device)

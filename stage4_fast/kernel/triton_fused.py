@@ -1,21 +1,7 @@
-"""Fused element-wise kernels for 16-bit GPU forwards: residual add + RMSNorm, per-head q/k RMSNorm + RoPE, and
-SiLU-and-mul, each one kernel where the PyTorch formulation launches 4 to 10.
-
-A decode step is over a thousand tiny kernels, most of them these element-wise pieces, and inside a CUDA graph
-each still costs its launch and ramp. The last two also take a layer's deferred RMSNorm (``row_scale``, see
-models/decoder.py): each input row is first multiplied by rsqrt(mean(h^2) + eps) of the residual stream's row h,
-in fp32 and rounded to the dtype (``layers.norm.scale_by_rms_of``), the norm kernel's work without the norm kernel.
-
-The kernels round where PyTorch rounds, so they give the bits of the unfused bf16/fp16 path (HF's op order):
-* RMSNorm: normalise in fp32, round to the 16-bit dtype, multiply by the weight and round again;
-* residual add: one rounding of the fp32 sum;
-* RoPE: x * cos and rotate_half(x) * sin rounded separately, then their sum (cos/sin from the fp32 table,
-  rounded to the dtype first);
-* SiLU rounded before the multiply.
-Only the fp32 reduction order inside the norm differs (a last-bit difference before the rounding, rarely visible).
-
-The engine uses them only for CUDA tensors in bf16/fp16 (``kernel.fused_kernels_for``); fp32 and CPU keep the
-PyTorch path. The tests run them under Triton's interpreter on CPU against the PyTorch path.
+"""Fused element-wise kernels for 16-bit GPU forwards (``kernel.fused_kernels_for``): residual add + RMSNorm,
+q/k RMSNorm + RoPE (+ KV store), SiLU-and-mul, each one launch where PyTorch launches 4 to 10. The last two also
+take a layer's deferred RMSNorm (``row_scale``, models/decoder.py). They round where PyTorch rounds (HF's op
+order), so they give the unfused bf16/fp16 bits; only the fp32 reduction order inside the norm differs.
 """
 
 from __future__ import annotations
@@ -29,11 +15,7 @@ import triton.language as tl
 from .pdl import pdl_launch, pdl_wait
 from .ref import is_fp8
 
-# A row scale's hidden rows (the residual stream after the layer's previous GEMM) are read before the kernel's PDL
-# wait. That is safe where the kernel follows a projection of those rows launched by cuBLAS: such a GEMM starts only
-# once the kernel that wrote the rows has finished (edges into cuBLAS's GEMMs are full ones, kernel/pdl_graph.py),
-# so no kernel that may still be running writes them. The deferred norms' layers are built that way
-# (models/decoder.py); reading them after the wait would only delay the kernel.
+# A row scale's hidden rows are read before the PDL wait: their writer finished before the cuBLAS GEMM before us.
 
 
 @triton.jit
@@ -82,13 +64,11 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
                          SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
                          FP8_MIN_EXP: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr,
                          PDL: tl.constexpr):
-    """One program per token: all its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: the token's
-    rotated k heads and its v heads also go to its slot ``OutLoc[t]`` of the pool (rows of HKV x D); an fp8 pool
-    (FP8_MAX > 0, the format's largest value) gets them quantized with the layer's scales. ROW_SCALE: q, k and v
-    are first scaled by the RMS norm's factor of the token's row of ``Hid`` (the deferred norm), and the scaled v
-    is written back into QKV for the attention to read."""
+    """One program per token: its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: rotated k and v go
+    to pool slot ``OutLoc[t]`` (quantized when FP8_MAX > 0). ROW_SCALE: q, k, v are first scaled by the deferred
+    norm's factor of row ``Hid[t]``; the scaled v is written back into QKV."""
     t = tl.program_id(0).to(tl.int64)
-    if ROW_SCALE:  # before the wait: Hid is no output of the kernel before (the note above the kernels)
+    if ROW_SCALE:  # before the wait (the note above the kernels)
         row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
     pdl_wait(PDL)
     HALF: tl.constexpr = D // 2
@@ -153,7 +133,7 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
 
 @triton.jit
 def _rms_factor(row, n, eps, BLOCK: tl.constexpr):
-    """rsqrt(mean(x^2) + eps) of the n values at ``row``, in fp32: what RMSNorm multiplies that row by."""
+    """rsqrt(mean(x^2) + eps) of the n values at ``row``, in fp32."""
     offs = tl.arange(0, BLOCK)
     x = tl.load(row + offs, mask=offs < n, other=0.0).to(tl.float32)
     return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
@@ -162,9 +142,8 @@ def _rms_factor(row, n, eps, BLOCK: tl.constexpr):
 @triton.jit
 def _to_pool(x, scale, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
              FP8_MIN_EXP: tl.constexpr, cache_dtype: tl.constexpr):
-    """A K or V tile as the pool stores it. An fp8 pool: x / scale (correctly rounded), saturated at the format's
-    largest value, rounded to nearest even — bit for bit what store_cache's fp8 kernel and kernel/ref.py's
-    quantize_kv store. A 16-bit pool of the activations' dtype: x as it is."""
+    """A K or V tile as the pool stores it: fp8 gets x / scale (correctly rounded), saturated, rounded to nearest
+    even, bit for bit as kernel/ref.py's quantize_kv; a 16-bit pool gets x."""
     out = x
     if FP8_MAX > 0:  # (one return: the compiler wants one return type, and a constexpr branch keeps the other)
         y = x.to(tl.float32)
@@ -177,11 +156,9 @@ def _to_pool(x, scale, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl
 
 @triton.jit
 def _round_to_fp8_grid(y, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
-    """fp32 values within an fp8 format's range, rounded to that format's grid (MANT mantissa bits, smallest normal
-    exponent MIN_EXP), to nearest even, as fp32: the cast to fp8 that follows is then exact. The GPU's cast would
-    round alike; Triton's interpreter rounds ties up and does not carry into the exponent (127 -> 64), so the
-    rounding is done here, the same on both: adding and subtracting 1.5 * 2^(23 + e) rounds |y| to a multiple of
-    2^e, the grid's step in y's binade."""
+    """In-range fp32 values rounded to an fp8 grid (MANT mantissa bits, smallest normal exponent MIN_EXP), nearest
+    even, so the following cast is exact. Done here because Triton's interpreter rounds ties up and does not carry
+    into the exponent; adding and subtracting 1.5 * 2^(23 + e) rounds |y| to a multiple of 2^e."""
     bits = y.to(tl.int32, bitcast=True)
     magnitude = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     exp = tl.maximum(((bits >> 23) & 0xFF) - 127, MIN_EXP)  # the binade (subnormals share the smallest normal's)
@@ -197,13 +174,9 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
                  kv_scales: tuple[float, float] = (1.0, 1.0),
                  row_scale: tuple[torch.Tensor, float] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """From the fused qkv projection [T, (Hq + 2 Hkv) * D]: q [T, Hq, D] and k [T, Hkv, D], each head
-    RMS-normalised with its weight (when given) and rotated (neox halves) by the fp32 cos|sin table
-    [max_pos, D] at `positions`. ``kv_store`` = (k_cache, v_cache, out_loc): the pool's slots [num_slots, Hkv, D]
-    in qkv's dtype or an fp8 dtype, and each token's slot [T]; the rotated k and the v rows are written there too
-    (into an fp8 pool divided by ``kv_scales`` = (k_scale, v_scale) and quantized). ``row_scale`` = (hidden,
-    eps): each token's q, k and v are first multiplied by the RMS norm's factor of its row of ``hidden`` [T, N]
-    (the layer's deferred input norm); the scaled v is written back into qkv."""
+    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D], k [T, Hkv, D], per-head RMS-normed (given weights) and rotated
+    (neox) by the fp32 cos|sin table. ``kv_store`` = (k_cache, v_cache, out_loc [T]) also stores k and v (fp8: /
+    ``kv_scales``). ``row_scale`` = (hidden [T, N], eps): the deferred norm's factor scales q, k, v first."""
     assert qkv.dim() == 2 and qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     assert head_dim % 2 == 0 and (head_dim & (head_dim - 1)) == 0, "head_dim must be a power of two"
     T = qkv.shape[0]
@@ -250,8 +223,7 @@ def _silu_and_mul_kernel(X, Out, Hid, stride_x, stride_o, stride_hid, N, hidden,
                          ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr, PDL: tl.constexpr,
                          BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    # the deferred post-attention norm (each program of the row works its factor out again); before the wait:
-    # Hid is no output of the kernel before (the note above the kernels)
+    # the deferred norm, before the wait (the note above the kernels)
     if ROW_SCALE:
         row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
     pdl_wait(PDL)
@@ -267,8 +239,7 @@ def _silu_and_mul_kernel(X, Out, Hid, stride_x, stride_o, stride_hid, N, hidden,
 
 
 def silu_and_mul(x: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-    """x: [T, 2N] = [gate | up] -> silu(gate) * up [T, N]. ``row_scale`` = (hidden, eps): gate and up are first
-    multiplied by the RMS norm's factor of their row of ``hidden`` [T, H] (the layer's deferred norm)."""
+    """x [T, 2N] = [gate | up] -> silu(gate) * up [T, N]; ``row_scale`` as in qk_norm_rope."""
     assert x.dim() == 2 and x.stride(-1) == 1 and x.shape[1] % 2 == 0
     T, N = x.shape[0], x.shape[1] // 2
     out = torch.empty(T, N, dtype=x.dtype, device=x.device)
@@ -281,7 +252,6 @@ def silu_and_mul(x: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None =
     pdl, pdl_options = pdl_launch(x.device)
     _silu_and_mul_kernel[(T, triton.cdiv(N, block))](
         x, out, hidden, x.stride(0), out.stride(0), hidden.stride(0), N, hidden.shape[-1], hidden_eps,
-        ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]),
-        PDL=pdl, BLOCK=block,
+        ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]), PDL=pdl, BLOCK=block,
         num_warps=4, **pdl_options)
     return out

@@ -1,10 +1,5 @@
-"""Triton decode step of the gated delta rule, reading and writing the state pool in place.
-
-The torch reference gathers every request's state ([v_heads, Dk, Dv] fp32, 64 KiB per head at Dk = Dv = 128),
-updates the copy and scatters it back: three passes over the largest tensor of a decode step. Here one program
-owns one (request, v-head, block of Dv columns): it loads its slice of the state from the request's slot, applies
-decay, delta-rule write and read-out, and stores it back; the state crosses memory once each way. Capturable in a
-CUDA graph (the slots are read from a device tensor). Under TRITON_INTERPRET=1 it runs on CPU (tests).
+"""Triton decode step of the gated delta rule, updating the state pool in place (the torch reference gathers,
+updates and scatters it: three passes). One program per (request, v-head, block of Dv columns); graph-capturable.
 """
 
 from __future__ import annotations
@@ -15,21 +10,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _recurrent_step_kernel(
-    x_ptr,  # [B, 2 * HK * DK + HV * DV] the conv output: q | k | v per request
-    g_ptr,  # [B, HV] log decay (fp32)
-    beta_ptr,  # [B, HV]
-    o_ptr,  # [B, HV, DV] output
-    state_ptr,  # [num_slots, HV, DK, DV] fp32, one linear layer of the pool
-    slots_ptr,  # [B] int64
-    x_stride,
-    scale,
-    HK: tl.constexpr,
-    HV: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BV: tl.constexpr,
-):
+def _recurrent_step_kernel(x_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, x_stride, scale,
+                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+    # x [B, 2 * HK * DK + HV * DV] (q | k | v), g [B, HV] fp32 log decay, beta [B, HV], o [B, HV, DV],
+    # state [num_slots, HV, DK, DV] fp32, slots [B] int64
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vb = tl.program_id(2)

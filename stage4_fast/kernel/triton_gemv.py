@@ -1,13 +1,7 @@
-"""A Triton GEMV for the linear layers of a one-token forward (single-stream decode): y = x @ W.T (+ bias), x [1, K];
-for the MLP's down projection with the SiLU-and-mul of its input folded in, and for the projections after an
-RMSNorm (qkv, gate_up) with the norm and its residual add folded in (one kernel less each).
-
-At one row cuBLAS picks latency-bound kernels that stream the weights far below the memory's bandwidth. A GEMV
-is a pure weight stream: each program owns BLOCK_N output rows, walks K in BLOCK_K slices, multiplies in fp32 and
-reduces once at the end; hundreds of programs keep every SM's loads in flight. Rounding: fp32 products and sums,
-one rounding to the output dtype, as cuBLAS's fp32 accumulation (only the order of the sum differs). The engine
-uses it for CUDA tensors in bf16/fp16 only (``kernel.gemv_kernel_for``); the tests run it under Triton's
-interpreter against ``F.linear``.
+"""Triton GEMV for one-token forwards: y = x @ W.T (+ bias), x [1, K], optionally with the SiLU-and-mul of its
+input (down_proj) or the add-RMSNorm before it (qkv, gate_up) folded in. At one row cuBLAS streams the weights
+far below bandwidth; here each program owns BLOCK_N rows, accumulates fp32 over BLOCK_K slices and reduces once,
+rounding once to the output dtype as cuBLAS does.
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ def _normed_input(X, R, k, k_mask, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def _input_slice(X, R, NormW, k, k_mask, K, rstd, GATED: tl.constexpr, NORM: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr):
-    """The layer's input at K positions ``k``, in fp32."""
     if NORM:  # rounded where the add-RMSNorm kernel rounds: the normalised value, then its product with NormW
         h = _normed_input(X, R, k, k_mask, HAS_RESIDUAL)
         y = (h.to(tl.float32) * rstd).to(h.dtype)
@@ -57,8 +50,7 @@ def _gemv_kernel(X, W, Bias, Y, R, NormW, ResOut, N, K, stride_wn, eps,
     row_mask = rows < N
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
-    # The weights depend on no earlier kernel: the first slice is read before the wait, so under PDL its DRAM
-    # latency overlaps the previous kernel's tail (kernel/pdl.py)
+    # weights depend on no earlier kernel: the first slice is read before the PDL wait
     w_first = tl.load(w_rows + offs_k[None, :], mask=row_mask[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_wait(PDL)
     rstd = 0.0
@@ -88,22 +80,18 @@ def _gemv_kernel(X, W, Bias, Y, R, NormW, ResOut, N, K, stride_wn, eps,
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=row_mask)
 
 
-# Launch (output rows per program, K slice, warps), tuned at the Qwen3-0.6B shapes: narrow outputs (o_proj,
-# down_proj: 1,024) want 2 rows per program so that 512 programs cover the GPU, wide ones (qkv 4,096, gate_up
-# 6,144) 8 rows and shorter K slices.
+# Launch (output rows per program, K slice, warps): narrow outputs want 2 rows per program to cover the GPU.
 GEMV_NARROW = (2, 1024, 4)
 GEMV_WIDE = (8, 512, 2)
 GEMV_WIDE_FROM = 4096  # outputs
 
 
 def gemv_launch(n: int) -> tuple[int, int, int]:
-    """(output rows per program, K slice, warps) for ``n`` outputs."""
     return GEMV_WIDE if n >= GEMV_WIDE_FROM else GEMV_NARROW
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
-    """x [1, K] (``gated``: [1, 2K] = [gate | up], multiplied as silu(gate) * up first), weight [N, K] with unit
-    stride along K, bias [N] or None -> [1, N] in x's dtype."""
+    """x [1, K] (``gated``: [1, 2K] = [gate | up] -> silu(gate) * up), weight [N, K], bias [N] -> [1, N]."""
     assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
     n, k = weight.shape
     assert x.shape[1] == (2 * k if gated else k), f"x has {x.shape[1]} features, the weight {k}"
@@ -114,9 +102,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                 weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The RMSNorm with its residual add, then the linear layer, in one kernel: what ``add_rmsnorm`` (or
-    ``RMSNormFused.forward``) followed by ``gemv`` computes. x, residual [1, K] -> (y [1, N], the new residual
-    stream x + residual [1, K] — a new tensor; x itself when there is no residual)."""
+    """``add_rmsnorm`` then ``gemv`` in one kernel. x, residual [1, K] -> (y [1, N], the new residual stream: a new
+    tensor, or x itself without residual)."""
     assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
     n, k = weight.shape
     assert x.shape[1] == k and norm_weight.shape == (k,), f"x has {x.shape[1]} features, the weight {k}"

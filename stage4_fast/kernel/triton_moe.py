@@ -1,13 +1,6 @@
-"""Fused MoE: one grouped GEMM launch covers every expert.
-
-The (token, k) pairs are sorted by expert and each expert's run is padded to a multiple of BLOCK_M
-(``moe_align_block_size``), so every BLOCK_M row block of the sorted list belongs to a single expert: a program
-loads that expert's weight tile and the block's token rows (gathered through the sorted ids) and writes its
-result rows straight back to their (token, k) places. Padding ids equal ``num_tokens * top_k`` and are masked.
-
-The alignment is plain torch with no host synchronisation and fixed-size outputs (the worst case
-``numel + E * (BLOCK_M - 1)``), so the whole MoE forward can sit inside a CUDA graph; the kernel reads the real
-padded length from a device scalar and idle programs exit at once.
+"""Fused MoE: one grouped GEMM launch for every expert. (token, k) pairs are sorted by expert, each run padded to
+a multiple of BLOCK_M, so each row block has one expert; padding ids (= num_tokens * top_k) are masked. The
+alignment is torch with no host sync and worst-case sizes, so the MoE forward fits a CUDA graph.
 """
 
 from __future__ import annotations
@@ -69,11 +62,8 @@ def fused_moe_kernel(
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int,
                          num_experts: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort the flattened (token, k) ids by expert, padding each expert's run to a multiple of ``block_size``.
-
-    Returns ``sorted_ids`` [numel + E*(block-1)] (padding = numel), ``expert_ids`` [len(sorted_ids)/block] (the
-    expert of each row block) and ``num_tokens_post_pad`` [1] (the used length), all on the input's device.
-    """
+    """Returns ``sorted_ids`` [numel + E*(block-1)] (padding = numel), ``expert_ids`` (per row block) and
+    ``num_tokens_post_pad`` [1] (the used length)."""
     flat = topk_ids.flatten().long()
     numel = flat.numel()
     device = flat.device
@@ -118,8 +108,7 @@ def invoke_fused_moe_kernel(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, t
 
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    """hidden [M, H]; w1 [E, 2I, H] (gate rows then up rows); w2 [E, H, I]; topk [M, k] -> [M, H].
-    Unlike upstream the result is a new tensor (upstream overwrites ``hidden_states``)."""
+    """hidden [M, H]; w1 [E, 2I, H] (gate then up); w2 [E, H, I]; topk [M, k] -> a new [M, H] tensor."""
     num_tokens, hidden = hidden_states.shape
     num_experts, two_i, _ = w1.shape
     top_k = topk_ids.shape[1]

@@ -1,11 +1,6 @@
-"""The Triton prefill (extend) attention kernel: ragged queries with a cached prefix, causal, over the token-slot
-page table (see ``triton_attention`` for the decode kernel and the key-block loop both share).
-
-Grid (batch, kv_head, query block): a program's rows are a block of query tokens times the KV head's query heads
-(GQA packing); query token i of request b sits at position ``seq_len - extend_len + i`` and sees keys up to that
-position, so the key blocks before the block's first token run unmasked and only those the diagonal crosses are
-masked. With a block map (``prefill_block_map``) the grid is a work list read from the device instead, so one
-CUDA graph serves every batch of its token count (engine/prefill_graph.py).
+"""Triton prefill (extend) attention: ragged causal queries over a cached prefix, through the token-slot page
+table. With a block map (``prefill_block_map``) the grid is a device-side work list, so one CUDA graph serves
+every batch of its token count (engine/prefill_graph.py).
 """
 
 from __future__ import annotations
@@ -27,14 +22,9 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
     MAPPED: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
 ):
-    """One program per (request, KV head, block of BLOCK_M query tokens): its rows are the block's tokens x the
-    KV head's GROUP query heads (token-major, GROUP_P2 rows per token, the padding rows masked), so every K/V row
-    it loads serves the whole group. Key blocks below the causal diagonal, which every row sees, run unmasked;
-    the blocks the diagonal crosses are masked.
-
-    MAPPED: the grid is the entries of ``BlockMap`` times the KV heads instead, and a program reads its (request,
-    query block) from the map (``prefill_block_map``); programs past the map's count return at once, so a CUDA
-    graph captured with the grid of the map's capacity serves any batch of its token count."""
+    """One program per (request, KV head, block of BLOCK_M query tokens); rows are tokens x the group's heads
+    (token-major, GROUP_P2 per token). Key blocks below the causal diagonal run unmasked. MAPPED: the grid is the
+    ``BlockMap`` entries x KV heads; programs past the map's count return at once."""
     if MAPPED:  # a 1-D grid: the map's entries in its order, each for every KV head in turn
         entry = tl.program_id(0) // NUM_KV_HEADS
         kv_head = tl.program_id(0) % NUM_KV_HEADS
@@ -96,33 +86,24 @@ def _prefill_kernel(
              out.to(Out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
 
 
-# Launch parameters of the prefill kernel on a GPU: query rows per program (tokens x the group's heads), key block,
-# warps, stages; one launch serves 16-bit and fp8 pools (prefill is bound by its dots, not its KV bytes)
-PREFILL_ROWS = 128
-PREFILL_BLOCK_N = 64
-PREFILL_NUM_WARPS = 4
-PREFILL_NUM_STAGES = 3
+# GPU prefill launch: query rows per program, key block, warps, stages (16-bit and fp8 pools alike)
+PREFILL_LAUNCH_16BIT = (128, 64, 4, 3)
 PREFILL_LAUNCH_FP32 = (64, 64, 4, 3)  # fp32 tiles are twice as large: 64 rows
 
 
 def prefill_launch(q_dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(rows, key block, warps, stages) of the prefill kernel on a GPU for this query dtype."""
-    if q_dtype == torch.float32:
-        return PREFILL_LAUNCH_FP32
-    return PREFILL_ROWS, PREFILL_BLOCK_N, PREFILL_NUM_WARPS, PREFILL_NUM_STAGES
+    return PREFILL_LAUNCH_FP32 if q_dtype == torch.float32 else PREFILL_LAUNCH_16BIT
 
 
 def prefill_block_m(q_dtype: torch.dtype, group: int) -> int:
-    """Query tokens per program of the prefill kernel for this query dtype and query heads per KV head."""
     rows = 16 if _interpreting() else prefill_launch(q_dtype)[0]
     group_p2 = triton.next_power_of_2(group)
     return max(rows, 16, group_p2) // group_p2  # tl.dot wants 16 rows or more
 
 
 def prefill_block_map(seqlens_q: np.ndarray, seqlens_k: np.ndarray, block_m: int) -> np.ndarray:
-    """The prefill kernel's work list for a batch: int32 [1 + 2 N], the count N of (request, query block) pairs,
-    then the pairs, those with the most keys to read first (a long request's last blocks: they set the kernel's
-    end, so they start first). A batch of T query tokens has at most cdiv(T, block_m) + B pairs."""
+    """int32 [1 + 2 N]: the count N of (request, query block) pairs, then the pairs, most keys first (they set the
+    kernel's end). T query tokens give at most cdiv(T, block_m) + B pairs."""
     blocks = -(-seqlens_q // block_m)
     req = np.repeat(np.arange(len(seqlens_q), dtype=np.int32), blocks)
     first = np.repeat(np.cumsum(blocks) - blocks, blocks)
@@ -147,10 +128,8 @@ def prefill_attention(
     sm_scale: float, out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
     block_map: tuple[int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D] (ragged, ``cu_seqlens_q`` [B+1]); K/V of this step must already be in the cache (q's dtype,
-    or fp8 read as stored value x k_scale / v_scale); seq_lens [B] = cached prefix + extend length. ``block_map`` =
-    (block_m, the map on the device, ``prefill_block_map``; it may be longer than its count): the programs run the
-    map's entries instead of a (request, KV head, query block) grid, whatever ``max_seqlen_q`` and B say."""
+    """q [T, Hq, D] (ragged by ``cu_seqlens_q`` [B+1]); this step's K/V already in the cache (fp8: x k/v_scale);
+    seq_lens [B] = prefix + extend. ``block_map`` = (block_m, device map from ``prefill_block_map``)."""
     total, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     batch = table_idx.shape[0]
@@ -162,11 +141,11 @@ def prefill_attention(
     group = num_qo_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
     if _interpreting():
-        rows, block_n, options = 16, 16, {}
+        block_n, options = 16, {}
     else:
-        rows, block_n, num_warps, num_stages = prefill_launch(q.dtype)
+        _, block_n, num_warps, num_stages = prefill_launch(q.dtype)
         options = dict(num_warps=num_warps, num_stages=num_stages)
-    block_m = max(rows, 16, group_p2) // group_p2  # query tokens per program (tl.dot wants 16 rows or more)
+    block_m = prefill_block_m(q.dtype, group)
     if block_map is not None:
         assert block_map[0] == block_m, "the block map was built for another query block"
         mapped = block_map[1]

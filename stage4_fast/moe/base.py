@@ -8,13 +8,12 @@ from .topk import apply_weights_on_input, fused_topk
 
 
 class BaseMoeBackend(ABC):
-    """Routing is the same for every backend (top-k as HF, optional renormalisation); a backend only says how the
-    chosen experts run (`experts`)."""
+    """Routing is shared (top-k as HF); a backend only says how the chosen experts run (`experts`)."""
 
     def forward(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, gating_output: torch.Tensor,
                 topk: int, renormalize: bool, activation: str, apply_router_weight_on_input: bool) -> torch.Tensor:
-        """hidden [M, H], w1 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], router logits [M, E] -> [M, H]:
-        this rank's partial sum when the experts' intermediate dim is sharded (the caller all-reduces)."""
+        """hidden [M, H], w1 [E, 2I, H] (gate, then up), w2 [E, H, I], router logits [M, E] -> [M, H] (this rank's
+        partial sum under TP; the caller all-reduces)."""
         weights, ids = fused_topk(hidden_states, gating_output, topk, renormalize)
         if apply_router_weight_on_input:
             hidden_states, weights = apply_weights_on_input(hidden_states, weights)

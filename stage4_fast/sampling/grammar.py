@@ -1,19 +1,7 @@
-"""Structured output as a token mask, through xgrammar (the grammar backend SGLang and vLLM use): a JSON schema
-(``response_format``, or any JSON object), a regular expression or an EBNF grammar (SGLang's ``regex`` / ``ebnf``,
-vLLM's ``structured_outputs``, which the API server maps onto these three).
-
-A request's grammar is compiled once (xgrammar caches compiled grammars), and a matcher follows the request's
-tokens: before each step it writes the bitmask of the tokens that keep the output a valid prefix, the sampler sets
-every other logit to -inf, and after the step the matcher accepts the sampled token. The output ends when the
-grammar is complete (it then allows only EOS). The mask for a step needs the previous step's token: the scheduler
-launches the step's forward, then catches up with the previous step (accepting its tokens) while the device runs
-it, and the masks are filled just before the sampler needs them (``Scheduler._forward``, as SGLang's overlap
-scheduler does). The rows are filled by xgrammar's batch matcher (threads, no Python loop per row) into one host
-buffer kept from step to step (page-locked for a GPU: no allocation and no staging copy per step).
-
-JSON is generated without free whitespace (xgrammar's ``any_whitespace=False``): a small model given the freedom
-can emit newlines until ``max_tokens`` runs out (vLLM and SGLang allow any whitespace by default). A request may
-allow it (``SamplingParams.json_any_whitespace``, vLLM's ``disable_any_whitespace: false``).
+"""Structured output as a token mask through xgrammar (JSON schema, regex, EBNF, structural tag): a matcher per
+request masks tokens that break a valid prefix, filled just before sampling once the scheduler caught up with
+the previous step (``Scheduler._forward``). JSON has no free whitespace by default (a small model can emit
+newlines until ``max_tokens``); ``SamplingParams.json_any_whitespace`` allows it.
 """
 
 from __future__ import annotations
@@ -33,13 +21,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# response_format {"type": "json_object"}: any JSON object (what SGLang compiles it to)
-JSON_OBJECT_SCHEMA = '{"type": "object"}'
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object (as SGLang compiles it)
 
 
 class GrammarError(ValueError):
-    """A schema, regular expression or grammar that xgrammar cannot compile, or structured output without xgrammar
-    installed."""
+    """A source xgrammar cannot compile, or structured output without xgrammar installed."""
 
 
 def _xgrammar() -> ModuleType:
@@ -50,14 +36,12 @@ def _xgrammar() -> ModuleType:
     return xgrammar
 
 
-# what a source that xgrammar cannot compile is called in the error, by kind
 _UNSUPPORTED = {"json_schema": "unsupported JSON schema", "regex": "unsupported regular expression",
                 "ebnf": "unsupported EBNF grammar", "structural_tag": "unsupported structural tag"}
 
 
 def _compile_structural_tag(compiler: Any, source: str) -> Any:
-    """xgrammar's structural tag (JSON text), or the older form vLLM and SGLang also take: ``{"structures":
-    [{"begin", "schema", "end"}], "triggers": [...]}`` (free text until a trigger starts one of the structures)."""
+    """xgrammar's structural tag (JSON), or the older ``{"structures": [{"begin", "schema", "end"}], "triggers"}``."""
     tag = json.loads(source)
     if not (isinstance(tag, dict) and "structures" in tag):
         return compiler.compile_structural_tag(source)
@@ -77,17 +61,14 @@ def _compile_error(kind: str, e: Exception) -> GrammarError:
 
 
 class GrammarBackend:
-    """Compiled grammars and one matcher per request that has one (keyed by uid). The compiler (importing
-    xgrammar and building the tokenizer's table: seconds) is built by the first request with structured output,
-    or, in a server, by ``warm_up_in_background`` at start-up: built by that first request it would stall every
-    running stream for those seconds."""
+    """One matcher per request with a grammar (by uid). The compiler takes seconds to build, so a server builds it
+    at start-up (``warm_up_in_background``) rather than stall every stream on the first such request."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's)
-        # The grammars see the tokenizer's ids only. Ids past them (a vocabulary padded for the GPU) have no text:
-        # xgrammar would take each for a special token, and its per-token check slows with their number. ``apply``
-        # forbids them in a grammar's rows instead.
+        # Grammars see the tokenizer's ids only (padded ids would slow xgrammar as special tokens); ``apply``
+        # forbids the padded ids in a grammar's rows.
         self.grammar_vocab = min(vocab_size, len(tokenizer)) if tokenizer is not None else vocab_size
         self._compiler: Any = None
         self._compiler_lock = threading.Lock()  # the warm-up thread and the scheduler build it once between them
@@ -98,8 +79,7 @@ class GrammarBackend:
         self._copied: torch.cuda.Event | None = None  # the last copy out of _host_mask (GPU)
 
     def warm_up_in_background(self) -> bool:
-        """Build the compiler on a daemon thread when xgrammar is installed and there is a tokenizer; a request that
-        needs it before the thread is done waits for it (no second build). False when there is nothing to build."""
+        """Build the compiler on a daemon thread (an early request waits for it); False: nothing to build."""
         if self.tokenizer is None or importlib.util.find_spec("xgrammar") is None:
             return False
 
@@ -131,8 +111,7 @@ class GrammarBackend:
             return self._compiler
 
     def add(self, uid: int, kind: str, source: str, json_any_whitespace: bool = False) -> None:
-        """A matcher for request ``uid``: ``kind`` is json_schema, regex, ebnf or structural_tag
-        (``SamplingParams.grammar``); ``json_any_whitespace``: a JSON schema's output may hold free whitespace."""
+        """A matcher for request ``uid``; ``kind``: json_schema, regex, ebnf or structural_tag."""
         compiler = self._get_compiler()
         try:
             if kind == "json_schema":
@@ -159,8 +138,7 @@ class GrammarBackend:
         return matcher.is_terminated()
 
     def bitmask(self, uids: List[int | None], pin_memory: bool = False) -> torch.Tensor:
-        """Host int32 bitmask [len(uids), ceil(grammar_vocab / 32)]; rows without a matcher allow every token. A view
-        of a buffer that the next call overwrites: copy it first (``device_bitmask`` does)."""
+        """Host int32 [len(uids), ceil(grammar_vocab / 32)] (no matcher: all allowed), overwritten by the next call."""
         xgr = _xgrammar()
         if self._host_mask is None or self._host_mask.shape[0] < len(uids):
             shape = xgr.get_bitmask_shape(max(len(uids), 64), self.grammar_vocab)
@@ -180,8 +158,7 @@ class GrammarBackend:
         return mask
 
     def device_bitmask(self, uids: List[int | None], device: torch.device) -> torch.Tensor:
-        """``bitmask`` on ``device``. On a GPU the host buffer is page-locked and copied without blocking; the next
-        call waits for that copy before it writes the buffer again."""
+        """``bitmask`` on ``device``; on a GPU copied without blocking, the next call waiting for that copy."""
         if device.type != "cuda":
             return self.bitmask(uids).to(device, copy=True)
         if self._copied is not None:
@@ -192,9 +169,7 @@ class GrammarBackend:
         return on_device
 
     def apply(self, logits: torch.Tensor, bitmask: torch.Tensor, grammar_rows: torch.Tensor) -> None:
-        """In place: -inf for every token the bitmask forbids (bitmask on the logits' device), and in the rows a
-        grammar masks (``grammar_rows``, bool [bs]) for the ids past the tokenizer's."""
+        """In place: -inf where the bitmask forbids, and past the tokenizer's ids in ``grammar_rows`` (bool [bs])."""
         _xgrammar().apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.grammar_vocab)
         if logits.shape[-1] > self.grammar_vocab:
-            tail = logits[:, self.grammar_vocab :]
-            tail.masked_fill_(grammar_rows[:, None], float("-inf"))
+            logits[:, self.grammar_vocab :].masked_fill_(grammar_rows[:, None], float("-inf"))

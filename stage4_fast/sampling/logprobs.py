@@ -1,8 +1,5 @@
-"""Log-probabilities for the API: each sampled token's, its most likely alternatives', and the prompt's (echo).
-
-The values are ``log_softmax`` of the model's raw logits in fp32: before temperature, penalties, logit bias or a
-grammar mask (vLLM's default, "raw logprobs"). That is what evaluation harnesses read: the model's own likelihood,
-the same whatever the request's sampling settings.
+"""Logprobs of the sampled tokens, their top alternatives and the prompt (echo): ``log_softmax`` of the raw fp32
+logits, before temperature, penalties, bias or grammar mask (vLLM's "raw logprobs", what evaluations read).
 """
 
 from __future__ import annotations
@@ -13,20 +10,17 @@ from typing import Callable, List, Tuple
 import torch
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs (vLLM's default max_logprobs too)
-# prompt logprobs are computed this many token rows at a time: the logits of a whole long prompt need not fit
-PROMPT_LOGITS_CHUNK = 256
+PROMPT_LOGITS_CHUNK = 256  # prompt rows per logits chunk: a long prompt's logits need not fit at once
 
 
 @dataclass
 class LogprobArgs:
-    """Which rows of a batch report logprobs (built by ``Sampler.prepare``; the host lists tell the scheduler which
-    result belongs to whom)."""
+    """Which rows of a batch report logprobs (built by ``Sampler.prepare``)."""
 
     rows: torch.Tensor  # [m] device int64: batch rows whose sampled token's logprob is reported
     rows_host: List[int]
     top_k: int  # the largest count of alternatives asked in the batch; each request keeps its own first ones
-    # echo: the prefill's flat token rows whose logits predict a prompt token (the LM head keeps their hidden
-    # states), and where in the token pool that predicted token is
+    # echo: the prefill's token rows whose logits predict a prompt token, and where that token is in the pool
     prompt_rows: torch.Tensor | None = None  # [p] device int64
     prompt_targets: Tuple[torch.Tensor, torch.Tensor] | None = None  # (pool row, position), [p] each
     prompt_segments: List[Tuple[int, int, int]] | None = None  # (batch row, first of its prompt rows, count)
@@ -43,12 +37,9 @@ class BatchLogprobs:
     prompt_top_ids: torch.Tensor | None = None
     prompt_top_logprobs: torch.Tensor | None = None
 
-    def to_host(self) -> BatchLogprobs:
-        """Copies launched without waiting; valid once the batch's copy event has completed."""
-        return BatchLogprobs(**{
-            f.name: None if (t := getattr(self, f.name)) is None else t.to("cpu", non_blocking=True)
-            for f in fields(self)
-        })
+    def to_host(self) -> BatchLogprobs:  # non-blocking: valid once the batch's copy event has completed
+        return BatchLogprobs(**{f.name: None if (t := getattr(self, f.name)) is None else t.to("cpu", non_blocking=True)
+                                for f in fields(self)})
 
 
 def logprobs_of(logits: torch.Tensor, targets: torch.Tensor, top_k: int) -> Tuple[torch.Tensor, ...]:
@@ -63,19 +54,15 @@ def compute_logprobs(
     logits: torch.Tensor, next_tokens: torch.Tensor, args: LogprobArgs, token_pool: torch.Tensor | None = None,
     prompt_hidden: torch.Tensor | None = None, compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> BatchLogprobs:
-    """The sampled tokens' logprobs from the batch's logits; with echo requests, also the prompt tokens' from the
-    hidden states the LM head kept (``compute_logits`` turns them into logits, a chunk at a time)."""
+    """The sampled tokens' logprobs; with echo, also the prompt's, from kept hidden states a chunk at a time."""
     out = BatchLogprobs(*logprobs_of(logits[args.rows], next_tokens[args.rows], args.top_k))
     if args.prompt_rows is not None:
         assert token_pool is not None and prompt_hidden is not None and compute_logits is not None
         assert args.prompt_targets is not None
         targets = token_pool[args.prompt_targets]
-        parts = [
-            logprobs_of(compute_logits(prompt_hidden[s : s + PROMPT_LOGITS_CHUNK]),
-                        targets[s : s + PROMPT_LOGITS_CHUNK], args.top_k)
-            for s in range(0, len(targets), PROMPT_LOGITS_CHUNK)
-        ]
-        out.prompt_token_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = (
-            torch.cat([p[i] for p in parts]) for i in range(3)
-        )
+        parts = [logprobs_of(compute_logits(prompt_hidden[s : s + PROMPT_LOGITS_CHUNK]),
+                             targets[s : s + PROMPT_LOGITS_CHUNK], args.top_k)
+                 for s in range(0, len(targets), PROMPT_LOGITS_CHUNK)]
+        out.prompt_token_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = (torch.cat([p[i] for p in parts])
+                                                                                   for i in range(3))
     return out

@@ -1,8 +1,5 @@
-"""Logit processors of the OpenAI / vLLM sampling fields, batched: one call handles every request of a batch that
-uses the field (the others' rows are left alone).
-
-Order in the sampler, as vLLM's: logit bias and penalties on the raw logits (so they steer greedy requests too),
-the grammar mask, then temperature, min-p, top-k, top-p.
+"""Batched logit processors of the OpenAI / vLLM sampling fields. Sampler order, as vLLM's: bias and penalties on
+raw logits (they steer greedy too), grammar mask, then temperature, min-p, top-k, top-p.
 """
 
 from __future__ import annotations
@@ -28,13 +25,8 @@ def apply_logit_bias(logits: torch.Tensor, args: LogitBiasArgs) -> None:
 
 @dataclass
 class PenaltyArgs:
-    """The rows of the batch with a penalty, and where their tokens are in the token pool.
-
-    Each penalised row reads positions ``start .. start + length`` of its token-pool row: the output so far, and
-    the prompt before it when a repetition penalty asks for it (padding positions are masked out). The ids are
-    read from the pool when sampling, not when the batch is prepared: with overlap scheduling the host does not
-    know the previous step's token yet, the device does.
-    """
+    """Penalised rows and their token-pool spans (output, plus prompt for a repetition penalty), read at sampling
+    time: under overlap the host lacks the last token."""
 
     rows: torch.Tensor  # [m] device int64: rows of the batch
     presence: torch.Tensor  # [m] fp32
@@ -48,12 +40,10 @@ class PenaltyArgs:
 
 
 def apply_penalties(logits: torch.Tensor, token_pool: torch.Tensor, args: PenaltyArgs) -> None:
-    """In place, vLLM's formulas. For a token seen in the prompt or the output, the logit is divided by the
-    repetition penalty when positive and multiplied by it when negative; then ``frequency * count in the output``
-    and ``presence * (count > 0)`` are subtracted."""
+    """In place, vLLM's formulas: a seen token's logit is divided (positive) or multiplied (negative) by the
+    repetition penalty; then ``frequency * output count`` and ``presence * (count > 0)`` are subtracted."""
     vocab, m = logits.shape[-1], len(args.rows)
-    # the [m, L] positions are made here, on the device, from four [m] vectors: built on the host they would cost
-    # host time and megabytes of copies every step
+    # the [m, L] positions are built on the device from four [m] vectors (no per-step host copies)
     offsets = torch.arange(args.max_length, device=logits.device)[None, :]
     is_seen = offsets < args.lengths[:, None]  # a prompt or generated token, not padding
     positions = torch.where(is_seen, args.starts[:, None] + offsets, 0)
@@ -71,7 +61,6 @@ def apply_penalties(logits: torch.Tensor, token_pool: torch.Tensor, args: Penalt
 
 
 def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Zero the tokens whose probability is below ``min_p`` times the row's largest (min_p 0 keeps everything);
-    the caller renormalises."""
+    """Zero probabilities below ``min_p`` x the row's largest; the caller renormalises."""
     threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
     return probs.masked_fill(probs < threshold, 0.0)
