@@ -31,10 +31,8 @@ class CacheManager:
         self._page_offsets = torch.arange(page_size, dtype=torch.int32, device=self.device)
         self._lazy_frees: List[torch.Tensor] | None = None
 
-    # -- admission -------------------------------------------------------------------------------------------
     def match_req(self, req: PendingReq) -> MatchResult:
-        # never the last prompt token (it makes the first output's logits); echo with logprobs needs every prompt
-        # position's logits, which the cache does not hold: it matches nothing
+        # never the last prompt token (it makes the first logits); echo with logprobs needs every prompt logit
         assert req.input_len > 0
         return self.prefix_cache.match_prefix(req.input_ids[: req.input_len - 1])
 
@@ -49,7 +47,6 @@ class CacheManager:
     def unlock(self, handle: BaseCacheHandle) -> None:
         self.prefix_cache.lock_handle(handle, unlock=True)
 
-    # -- allocation ------------------------------------------------------------------------------------------
     def allocate_paged(self, reqs: List[Req]) -> None:
         """Give each request pages for positions [align_ceil(cached_len), align_ceil(device_len)) in its page-table
         row."""
@@ -110,7 +107,6 @@ class CacheManager:
             if frees:
                 self.free_slots = torch.cat([self.free_slots, *frees])
 
-    # -- release ---------------------------------------------------------------------------------------------
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Hand the request's computed prefix [0, cached_len) to the prefix cache. Not finished: it keeps running on
         a new, longer locked handle; finished: all it owned goes to the cache or the free list."""
@@ -135,7 +131,6 @@ class CacheManager:
             self.unlock(old_handle)
             req.cache_handle = new_handle
 
-    # -- checks ----------------------------------------------------------------------------------------------
     def check_integrity(self, deep: bool = True) -> None:
         """When idle: every page is free or cached (O(1)); deep: none twice, and the prefix cache's invariants."""
         size = self.prefix_cache.size_info

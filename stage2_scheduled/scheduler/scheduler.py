@@ -79,7 +79,6 @@ class Scheduler(SchedulerIOMixin):
         self._last_was_chunk = False
         super().__init__(config)
 
-    # -- messages --------------------------------------------------------------------------------------------
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
         if isinstance(msg, BatchBackendMsg):
             for m in msg.data:
@@ -129,7 +128,6 @@ class Scheduler(SchedulerIOMixin):
             self._finish_req(req)
         self.send_result([DetokenizeMsg(uid, -1, True, "aborted")])
 
-    # -- release ---------------------------------------------------------------------------------------------
     def _finish_req(self, req: Req) -> None:
         """Take a finished or aborted request out of scheduling; release its slot and pages later."""
         self.decode_manager.remove_req(req)
@@ -153,7 +151,6 @@ class Scheduler(SchedulerIOMixin):
         """Fix of upstream bugs 2 and 4: a result that arrives after its request finished or was aborted."""
         return req in self.finished_reqs
 
-    # -- batches ---------------------------------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
         batch = None
         # Prefill first, as upstream, except right after a chunk when requests are decoding: then chunks and
@@ -222,7 +219,6 @@ class Scheduler(SchedulerIOMixin):
         logger.error("request %d can never be scheduled; rejecting it", pending.uid)
         self.send_result([DetokenizeMsg(pending.uid, -1, True, "request can never be scheduled")])
 
-    # -- loops -----------------------------------------------------------------------------------------------
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
         """One step: launch batch N+1, then process batch N (`last_data`). Returns N+1."""
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)

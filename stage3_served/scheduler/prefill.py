@@ -150,7 +150,6 @@ class PrefillManager:
         self.pending_list = chunked + waiting + rest
         return Batch(reqs=reqs, phase="prefill")
 
-    # -- waiting for a shared prefix -------------------------------------------------------------------------
     def _start_computing(self, pending: PendingReq) -> None:
         if self.wait_for_shared_prefix and pending.input_len > PREFIX_PROBE_LEN:
             self._computing[pending.uid] = pending.input_ids

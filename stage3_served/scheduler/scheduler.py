@@ -91,7 +91,6 @@ class Scheduler(SchedulerIOMixin):
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
         super().__init__(config)
 
-    # -- messages --------------------------------------------------------------------------------------------
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
         if isinstance(msg, BatchBackendMsg):
             for m in msg.data:
@@ -149,7 +148,6 @@ class Scheduler(SchedulerIOMixin):
         self._cached_prompt.pop(uid, None)
         self.send_result([DetokenizeMsg(uid, -1, True, "aborted", "abort")])
 
-    # -- release ---------------------------------------------------------------------------------------------
     def _finish_req(self, req: Req) -> None:
         """Take a finished or aborted request out of scheduling; release its slot and pages later."""
         self.decode_manager.remove_req(req)
@@ -173,7 +171,6 @@ class Scheduler(SchedulerIOMixin):
         """Fix of upstream bugs 2 and 4: a result that arrives after its request finished or was aborted."""
         return req in self.finished_reqs
 
-    # -- batches ---------------------------------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
         batch = None
         # Prefill first, as upstream, except right after a chunk when requests are decoding: then chunks and
@@ -254,7 +251,6 @@ class Scheduler(SchedulerIOMixin):
         self._cached_prompt.pop(pending.uid, None)
         self.send_result([DetokenizeMsg(pending.uid, -1, True, "request can never be scheduled", "error")])
 
-    # -- loops -----------------------------------------------------------------------------------------------
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
         """One step: launch batch N+1, then process batch N (`last_data`). Returns N+1."""
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
@@ -303,19 +299,15 @@ class Scheduler(SchedulerIOMixin):
         cm, ps = self.cache_manager, self.cache_manager.page_size
         size = cm.prefix_cache.size_info
         return {
-            "num_pages": cm.num_pages,
-            "page_size": ps,
-            "free_pages": len(cm.free_slots),
+            "num_pages": cm.num_pages, "page_size": ps, "free_pages": len(cm.free_slots),
             "evictable_pages": size.evictable_size // ps,  # cached prefixes nobody uses: reclaimable
             "protected_tokens": size.protected_size,  # cached prefixes locked by running requests
-            "locked_nodes": cm.prefix_cache.num_locked_nodes,
-            "cache_type": self.config.cache_type,
+            "locked_nodes": cm.prefix_cache.num_locked_nodes, "cache_type": self.config.cache_type,
             "running_reqs": len(self.decode_manager.running_reqs),
             "pending_reqs": len(self.prefill_manager.pending_list),
             "releasing_reqs": len(self._release_queue),  # finished, resources freed once their batch completed
             "aborted_reqs": self.num_aborted,
-            "free_req_slots": self.table_manager.available_size,
-            "max_running_req": self.config.max_running_req,
+            "free_req_slots": self.table_manager.available_size, "max_running_req": self.config.max_running_req,
             "max_seq_len": self.engine.max_seq_len,
         }
 

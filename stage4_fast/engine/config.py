@@ -23,20 +23,16 @@ class EngineConfig:
     moe_backend: str = "auto"
     cuda_graph_bs: List[int] | None = None
     cuda_graph_max_bs: int | None = None
-    # prefill graphs (engine/prefill_graph.py): None = on a GPU with graphs on, True = also emulated on a CPU
-    prefill_cuda_graph: bool | None = None
+    prefill_cuda_graph: bool | None = None  # None: on a GPU with graphs on; True: also emulated on a CPU
     page_size: int = 1
-    # what the KV pool stores: "auto" (the model's dtype), "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2"
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # what the KV pool stores: "auto" (the model's dtype) or kvcache/dtype.py's names
     memory_ratio: float = 0.9
     distributed_timeout: float = 60.0
     use_dummy_weight: bool = False
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
-    # TP ranks' rendezvous (tp > 1); upstream hard-codes 2333, whoever starts the ranks passes a free port
-    _distributed_addr: str = "tcp://127.0.0.1:2333"
-    # machines the TP ranks span (SGLang's --nnodes); ranks are numbered machine by machine, tp / nnodes on each
-    nnodes: int = 1
+    _distributed_addr: str = "tcp://127.0.0.1:2333"  # TP rendezvous; upstream hard-codes it, starters pass a free port
+    nnodes: int = 1  # machines the TP ranks span (SGLang's --nnodes), tp / nnodes ranks each, numbered in order
 
     @functools.cached_property
     def hf_config(self) -> PretrainedConfig:

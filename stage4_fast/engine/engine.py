@@ -43,8 +43,7 @@ from .sample import BatchSamplingArgs, Sampler
 
 logger = logging.getLogger(__name__)
 
-# Upstream sizes the KV pool from free GPU memory. Host RAM is shared with everything else, so on CPU the pool gets
-# a fixed budget unless num_page_override says otherwise (allocated lazily: untouched pages cost no memory).
+# on CPU a fixed KV budget (host RAM is shared; untouched pages cost nothing), not upstream's share of free memory
 CPU_KV_CACHE_BYTES = 1 << 30
 
 

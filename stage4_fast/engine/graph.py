@@ -101,8 +101,7 @@ class GraphCaptureBuffer:
     @classmethod
     def init(cls, bs: int, vocab_size: int, device: torch.device, dummy_slot: int = 0,
              logits_dtype: torch.dtype = torch.float32) -> GraphCaptureBuffer:
-        # out_loc at the dummy slot: capture writes KV where nothing lives. Not inference tensors: copies bump the
-        # version counter memos check.
+        # out_loc at the dummy slot: capture writes KV where nothing lives; not inference tensors: memos check versions
         with torch.inference_mode(False):
             return cls(
                 input_ids=torch.zeros(bs, dtype=torch.int32, device=device),

@@ -130,7 +130,6 @@ class RadixPrefixCache(BasePrefixCache):
         # (timestamp when queued, uuid, node) of leaves that were evictable then
         self._leaf_heap: list[tuple[int, int, RadixTreeNode]] = []
 
-    # -- queries ---------------------------------------------------------------------------------------------
     def _tree_walk(self, input_ids: torch.Tensor) -> tuple[RadixTreeNode, int]:
         """Deepest node matching a page-aligned prefix of input_ids, and its length; a node matched in part is split."""
         tic = next(_CLOCK)
@@ -155,7 +154,6 @@ class RadixPrefixCache(BasePrefixCache):
         node, prefix_len = self._tree_walk(input_ids)
         return MatchResult(RadixCacheHandle(prefix_len, node))
 
-    # -- updates ---------------------------------------------------------------------------------------------
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
         insert_len = align_down(input_ids.shape[0], self.page_size)
         input_ids, indices = input_ids[:insert_len], indices[:insert_len]
@@ -237,7 +235,6 @@ class RadixPrefixCache(BasePrefixCache):
     def num_locked_nodes(self) -> int:
         return sum(node.ref_count > 0 for node in self._all_nodes())
 
-    # -- checks ----------------------------------------------------------------------------------------------
     def _all_nodes(self) -> list[RadixTreeNode]:
         nodes, stack = [], list(self.root_node.children.values())
         while stack:

@@ -19,8 +19,7 @@ from ..utils import int_tensor
 from ..utils.hf import tp_split_problem
 from .tp import join_followers, start_followers, tp_config_fields
 
-# Offline, nobody waits on a prefill step: on a large GPU, steps twice the server's (as vLLM's LLM class), half as many
-# host launch loops
+# offline nobody waits on a prefill step: on a large GPU, steps twice the server's (as vLLM's LLM class)
 OFFLINE_PREFILL_TOKENS_LARGE_GPU = 16384
 LARGE_GPU_BYTES = 70 * (1 << 30)
 

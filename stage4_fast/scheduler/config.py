@@ -11,11 +11,9 @@ class SchedulerConfig(EngineConfig):
     max_extend_tokens: int = 8192  # prefill tokens per step; a longer prompt is chunked across steps
     cache_type: str = "radix"  # "naive" | "radix"
     offline_mode: bool = False
-    # after a step of a long prompt's chunk alone, a decode step before the next chunk (clients keep reading tokens);
-    # the offline LLM turns it off. A field, not offline_mode: TP ranks must schedule alike, only rank 0 is the LLM.
+    # a decode step after a long prompt's lone chunk; off offline (a field: TP ranks must schedule alike)
     decode_between_chunks: bool = True
-    # SGLang's --enable-mixed-chunk: running requests take their decode step inside each prefill batch (one query
-    # token each, counted in the prefill budget) instead of in steps of their own
+    # SGLang's --enable-mixed-chunk: running requests decode inside each prefill batch (in its token budget)
     enable_mixed_chunk: bool = False
     # SGLang's --stream-interval (scheduler/stream_interval.py); 1 = every token as it comes
     stream_interval: int = 1

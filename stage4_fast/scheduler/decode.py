@@ -12,8 +12,7 @@ class DecodeManager:
         self.page_size = page_size
         # an ordered dict as a set (upstream: a set in address order): the same decode batch order every run
         self.running_reqs: Dict[Req, None] = {}
-        # bumped whenever the running set changes; a decode batch remembers the version it was made from
-        self._version = 0
+        self._version = 0  # bumped whenever the running set changes; a decode batch remembers its own
         self._batch_version = -1
 
     def filter_reqs(self, reqs: Iterable[Req], length_finished: Sequence[bool] | None = None) -> None:

@@ -31,8 +31,7 @@ class SchedulerIOMixin:
     def __init__(self, config: SchedulerConfig, tp_cpu_group: object | None = None) -> None:
         self._io_queues: list = []
         self.tp_cpu_group = tp_cpu_group
-        # the routes are the class's functions, not bound methods stored on self as upstream's: those form a
-        # reference cycle that kept a deleted LLM's memory alive until the garbage collector ran
+        # class functions, not bound methods on self as upstream's: that cycle kept a deleted LLM's memory alive
         cls = type(self)
         self._offline_tp = config.offline_mode and config.tp_info.size > 1
         if config.offline_mode:

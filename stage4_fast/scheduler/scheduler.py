@@ -124,7 +124,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
             logger.warning("MINISGL_STEP_LOG logs the overlap loop only; with overlap scheduling off it stays empty")
         super().__init__(config, self.engine.tp_cpu_group)
 
-    # -- messages --------------------------------------------------------------------------------------------
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
         if isinstance(msg, BatchBackendMsg):
             for m in msg.data:
@@ -192,7 +191,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self._forget_api_state(uid)
         self.send_result(self.stream_out.release({uid}) + [DetokenizeMsg(uid, -1, True, "aborted", "abort")])
 
-    # -- release ---------------------------------------------------------------------------------------------
     def _finish_req(self, req: Req) -> None:
         """Take a finished or aborted request out of scheduling; release its slot and pages later."""
         self.decode_manager.remove_req(req)
@@ -221,7 +219,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         """Fix of upstream bugs 2 and 4: a result that arrives after its request finished or was aborted."""
         return req in self.finished_reqs
 
-    # -- batches ---------------------------------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
         batch = None
         decoding = self.decode_manager.runnable
@@ -230,8 +227,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
             # the running requests ride along, their one token each out of the prefill budget
             if (batch := self.prefill_manager.schedule_next_batch(budget)) is not None:
                 self.decode_manager.join(batch)
-        # Prefill first, except after a step of one long prompt's chunk alone while requests decode: then chunks and
-        # decode steps alternate (config.decode_between_chunks)
+        # Prefill first, as upstream, except after a long prompt's lone chunk while requests decode
         elif not (self._last_was_lone_chunk and decoding and self.config.decode_between_chunks):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
@@ -356,7 +352,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self._forget_api_state(pending.uid)
         self.send_result([DetokenizeMsg(pending.uid, -1, True, "request can never be scheduled", "error")])
 
-    # -- loops -----------------------------------------------------------------------------------------------
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
         """One step: launch batch N+1, then process batch N (`last_data`). Returns N+1."""
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
@@ -425,20 +420,16 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         cm, ps = self.cache_manager, self.cache_manager.page_size
         size = cm.prefix_cache.size_info
         return {
-            "num_pages": cm.num_pages,
-            "page_size": ps,
-            "free_pages": len(cm.free_slots),
+            "num_pages": cm.num_pages, "page_size": ps, "free_pages": len(cm.free_slots),
             "evictable_pages": size.evictable_size // ps,  # cached prefixes nobody uses: reclaimable
             "protected_tokens": size.protected_size,  # cached prefixes locked by running requests
-            "locked_nodes": cm.prefix_cache.num_locked_nodes,
-            "cache_type": self.config.cache_type,
+            "locked_nodes": cm.prefix_cache.num_locked_nodes, "cache_type": self.config.cache_type,
             "running_reqs": len(self.decode_manager.running_reqs),
             "pending_reqs": len(self.prefill_manager.pending_list),
             "releasing_reqs": len(self._release_queue),  # finished, resources freed once their batch completed
             "aborted_reqs": self.num_aborted,
             "prefill_tokens": self.num_prefill_tokens,  # prompt tokens computed so far (not served by the cache)
-            "free_req_slots": self.table_manager.available_size,
-            "max_running_req": self.config.max_running_req,
+            "free_req_slots": self.table_manager.available_size, "max_running_req": self.config.max_running_req,
             "max_seq_len": self.engine.max_seq_len,
         }
 
