@@ -1,10 +1,8 @@
 """CUDA-graph runner for decode batches, with a CPU emulation that keeps the same discipline.
 
-A graph replays fixed kernels on fixed memory: the runner owns input/output buffers sized for the largest graph
-(``GraphCaptureBuffer``), and a replay first copies the real batch's inputs (``copy_from``) and attention metadata
-(``prepare_for_replay``) in. On CPU, ``EmulatedGraph`` re-runs a closure over the *capture* batch, so an input not
-copied in gives a wrong result there too. Decode batches are padded with the dummy request (``pad_batch``). Each
-graph ends in its logits' greedy argmax (``greedy_tokens``); with PDL kernels it is rewired (``kernel/pdl_graph.py``).
+A replay first copies the real batch's inputs (``copy_from``) and attention metadata in. On CPU, ``EmulatedGraph``
+re-runs a closure over the *capture* batch, so an input not copied in gives a wrong result there too. Each graph ends
+in its logits' greedy argmax (``greedy_tokens``); with PDL kernels it is rewired (``kernel/pdl_graph.py``).
 """
 
 from __future__ import annotations

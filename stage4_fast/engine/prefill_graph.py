@@ -1,11 +1,7 @@
-"""CUDA graphs of the decoder stack's prefill forward at a grid of token counts up to ``max_extend_tokens``; a step
-of another count is padded up to the next one. Eagerly, launching every kernel of a small model takes the host about
-as long as the device's full step; a replay costs a few copies and a launch.
-
-One graph serves every batch of its token count: the Triton prefill kernel reads its work list from the device
-(``kernel/triton_prefill.py: prefill_block_map``) and all else is shaped by the token count. The LM head runs eagerly
-on the graph's hidden states. Padding is dummy prompts of at most ``PAD_REQ_TOKENS`` tokens in the padding request's
-row (their KV goes to the padding slot, read by no one). The graphs share one pool, captured largest first.
+"""CUDA graphs of the decoder stack's prefill forward at a grid of token counts up to ``max_extend_tokens``: eagerly,
+launching a small model's kernels takes the host about as long as the device's step. One graph serves every batch of
+its count (the Triton prefill kernel reads its work list from the device, ``prefill_block_map``); a step is padded up
+with dummy prompts in the padding row, and the LM head runs eagerly on the graph's hidden states.
 """
 
 from __future__ import annotations

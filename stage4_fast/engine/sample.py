@@ -1,8 +1,6 @@
 """Batched sampling: every request has its own temperature / top-k / top-p, all handled in one call.
 
-Stage 4 adds the API's fields (``sampling/``): logit bias, penalties, grammar mask, min-p, logprobs; each costs
-nothing to a batch where no request uses it.
-"""
+Stage 4 adds the API's fields (``sampling/``), free for a batch where no request uses them."""
 
 from __future__ import annotations
 

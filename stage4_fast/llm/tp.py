@@ -1,6 +1,5 @@
-"""Tensor parallelism for the offline `LLM`: ranks 1..tp-1 are scheduler processes started here, which take rank 0's
-broadcast as under the server (`scheduler/io.py`) and stop at its `ExitMsg`. They are spawned, re-importing the main
-script: each reports back once running, so a script creating the `LLM` outside `__main__` fails at once.
+"""Tensor parallelism for the offline `LLM`: ranks 1..tp-1 are spawned scheduler processes reading rank 0's broadcast
+(`scheduler/io.py`); each reports back once running, so a script creating the `LLM` outside `__main__` fails at once.
 """
 
 from __future__ import annotations

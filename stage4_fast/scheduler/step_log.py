@@ -1,7 +1,5 @@
-"""A JSON line per scheduler loop (``MINISGL_STEP_LOG=FILE``, rank 0 of the overlap loop), for where the time goes:
-when it began (``time.perf_counter``), the batch launched, the host's milliseconds per part (receive, schedule,
-launch, process), the wait for the device inside the last, the queues. Written when idle, at shutdown, or every
-MAX_ROWS loops.
+"""A JSON line per overlap loop on rank 0 (``MINISGL_STEP_LOG=FILE``): its start, batch, the host's milliseconds per
+part (receive, schedule, launch, process, device wait), the queues. Written when idle, at exit, or every MAX_ROWS.
 """
 
 from __future__ import annotations
