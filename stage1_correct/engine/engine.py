@@ -31,8 +31,7 @@ from .sample import BatchSamplingArgs, Sampler
 
 logger = logging.getLogger(__name__)
 
-# Upstream sizes the KV pool from free GPU memory. Host RAM is shared with everything else, so on CPU the pool gets
-# a fixed budget unless num_page_override says otherwise (allocated lazily: untouched pages cost no memory).
+# on CPU a fixed KV budget (host RAM is shared; untouched pages cost nothing), not upstream's share of free memory
 CPU_KV_CACHE_BYTES = 1 << 30
 
 
@@ -82,14 +81,8 @@ class Engine:
             )
             self.attn_backend = self.ctx.attn_backend = create_attention_backend(config.attention_backend, model_config)
             self.sampler = Sampler(self.device, model_config.vocab_size)
-            self.dummy_req = Req(
-                input_ids=torch.tensor([0], dtype=torch.int32),
-                table_idx=config.max_running_req,
-                cached_len=0,
-                output_len=1,
-                uid=-1,
-                sampling_params=SamplingParams(),
-            )
+            self.dummy_req = Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
+                                 cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams())
             self.page_table[self.dummy_req.table_idx].fill_(self.num_pages * config.page_size)
             self.graph_runner = GraphRunner(self.dummy_req)
 

@@ -20,8 +20,7 @@ class ManualBatcher:
         self.page_size = engine.ctx.page_size
         self.free_pages: List[int] = list(range(engine.num_pages))  # page ids; slot = page * page_size + offset
         self.free_slots: List[int] = list(range(engine.config.max_running_req))  # page-table rows
-        # token ids per (request slot, position), like upstream's token_pool: sampled tokens are written here on
-        # the device, so decode inputs never round-trip through the host
+        # token ids per (request slot, position), as upstream's token_pool: decode inputs stay on the device
         self.token_pool = torch.zeros_like(engine.page_table)
         self._pages: Dict[Req, List[int]] = {}
         self._uid = 0

@@ -8,31 +8,19 @@ from .base import BaseKVCachePool
 
 
 class MHAKVCache(BaseKVCachePool):
-    """One preallocated buffer [2 (k/v), layers, pages, page_size, kv_heads, head_dim].
-
-    A token slot is page * page_size + offset. The caller passes num_pages including the engine's extra dummy
-    page (the last one), which padding requests read and write.
+    """One preallocated buffer [2 (k/v), layers, pages, page_size, kv_heads, head_dim]; slot = page * page_size +
+    offset. num_pages includes the engine's dummy page (the last one), which padding requests read and write.
     """
 
-    def __init__(
-        self,
-        num_kv_heads: int,
-        num_layers: int,
-        head_dim: int,
-        num_pages: int,
-        page_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ):
+    def __init__(self, num_kv_heads: int, num_layers: int, head_dim: int, num_pages: int, page_size: int,
+                 dtype: torch.dtype, device: torch.device):
         self.num_kv_heads = div_even(num_kv_heads, get_tp_info().size, allow_replicate=True)
         self.head_dim = head_dim
         self.num_pages = num_pages
         self.page_size = page_size
-        # empty, not zeros: a large CPU allocation then only costs memory for the pages actually written. Slots are
-        # only read after being written, except the dummy page, which is zeroed so padded reads stay finite.
-        self._kv_buffer = torch.empty(
-            2, num_layers, num_pages, page_size, self.num_kv_heads, head_dim, dtype=dtype, device=device
-        )
+        # empty: on CPU only written pages cost memory; the dummy page is zeroed so padded reads stay finite
+        self._kv_buffer = torch.empty(2, num_layers, num_pages, page_size, self.num_kv_heads, head_dim, dtype=dtype,
+                                      device=device)
         self._kv_buffer[:, :, -1].zero_()
         # per-layer [num_slots, heads, dim] views, built once (store_kv runs every layer of every step)
         self._k_slots = [self._kv_buffer[0, i].view(-1, self.num_kv_heads, head_dim) for i in range(num_layers)]

@@ -43,7 +43,3 @@ class EngineConfig:
         if self.max_seq_len_override is not None:
             return self.max_seq_len_override
         return self.model_config.rotary_config.max_position
-
-    @property
-    def max_forward_len(self) -> int:
-        return self.max_seq_len

@@ -26,8 +26,7 @@ def make_device_tensor(data: List, dtype: torch.dtype, device: torch.device) -> 
 
 
 def filter_probs(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Zero everything outside each row's top-k, then outside its nucleus (the smallest set of most likely tokens
-    whose mass reaches top_p, computed on the top-k-renormalised distribution), and renormalise."""
+    """Zero everything outside each row's top-k, then outside its top-p nucleus (of the top-k), and renormalise."""
     if top_k is None and top_p is None:
         return probs
     sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
@@ -42,13 +41,8 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.T
     return filtered / filtered.sum(-1, keepdim=True)
 
 
-def sample_impl(
-    logits: torch.Tensor,
-    temperatures: torch.Tensor,
-    top_k: torch.Tensor | None,
-    top_p: torch.Tensor | None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+def sample_impl(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None,
+                top_p: torch.Tensor | None, generator: torch.Generator | None = None) -> torch.Tensor:
     greedy = temperatures < GREEDY_TEMPERATURE
     # Upstream gives greedy requests temperature 1e-6, which is greedy only up to near-ties; we take the argmax.
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)

@@ -39,16 +39,7 @@ def create_prefix_cache(device: torch.device, type: str, page_size: int = 1) -> 
 
 
 __all__ = [
-    "BaseCacheHandle",
-    "BaseKVCachePool",
-    "BasePrefixCache",
-    "InsertResult",
-    "MHAKVCache",
-    "MatchResult",
-    "NaivePrefixCache",
-    "RadixPrefixCache",
-    "SUPPORTED_CACHE_MANAGER",
-    "SizeInfo",
-    "create_kvcache_pool",
+    "BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "InsertResult", "MHAKVCache", "MatchResult",
+    "NaivePrefixCache", "RadixPrefixCache", "SUPPORTED_CACHE_MANAGER", "SizeInfo", "create_kvcache_pool",
     "create_prefix_cache",
 ]

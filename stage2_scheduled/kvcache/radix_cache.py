@@ -1,19 +1,9 @@
 """Radix-tree prefix cache (`--cache radix`): requests that share a prompt prefix share its KV slots.
 
-Each node holds a run of token ids (`key`, host) and the KV slots that hold their KV (`value`, device). Children are
-keyed by their first page of tokens, so two children never start with the same page and a walk needs one dict
-lookup per node. Every length stored in the tree is a multiple of the page size: a page is either wholly owned by
-the tree or wholly by one request.
-
-Reference counts are per path: locking a handle increments every node from the handle's node up to (not
-including) the root, so a node is protected while any request that uses a prefix through it runs. Only unlocked
-leaves are evicted, least recently used first.
-
-Eviction touches only what it evicts: the evictable leaves wait in a heap ordered by last use (upstream walks the
-whole tree on every evict() call, which a server with a full pool does every few steps, over a tree that grows with
-everything it has served). Entries are checked when they come up instead of being removed when a leaf is locked,
-gains a child or is touched again; the heap is rebuilt once it holds more than twice as many entries as the tree has
-nodes, so stale entries cost O(1) amortised.
+A node holds token ids (`key`, host) and their KV slots (`value`, device); children are keyed by their first page,
+and every length is a multiple of the page size. Locking a handle counts a reference on every node up to the root;
+only unlocked leaves are evicted, least recently used first, from a heap (upstream walks the whole tree per evict).
+Stale heap entries are skipped when popped; the heap is rebuilt past twice the node count (O(1) amortised).
 """
 
 from __future__ import annotations
@@ -28,8 +18,7 @@ import torch
 from ..utils import align_down
 from .base import BaseCacheHandle, BasePrefixCache, InsertResult, MatchResult, SizeInfo
 
-# Upstream stamps nodes with time.monotonic_ns(). A logical clock gives the same LRU order without ties between
-# nodes touched in the same microsecond, so eviction order is deterministic (and testable).
+# a logical clock, not upstream's time.monotonic_ns(): no ties, so eviction order is deterministic
 _CLOCK = itertools.count(1)
 _UUID = itertools.count()
 
@@ -90,8 +79,7 @@ class RadixTreeNode:
         return fast_compare_key(self._key, input_ids)
 
     def split_at(self, pos: int) -> RadixTreeNode:
-        """Cut this node after `pos` tokens: a new node takes the head and becomes this node's parent (it inherits
-        the reference count, since every path through the tail also runs through the head)."""
+        """Cut this node after `pos` tokens: a new head node (with its reference count) becomes its parent."""
         assert 0 < pos < self._length
         head = RadixTreeNode(self.key_fn, tic=self.timestamp)
         head.set_key_value(self._key[:pos], self._value[:pos])
@@ -123,8 +111,7 @@ class RadixCacheHandle(BaseCacheHandle):
 
 
 class RadixPrefixCache(BasePrefixCache):
-    # Upstream reads the page size from the global context; it is passed in here so that kvcache/ stays below
-    # core.py in the import graph (and the tree can be tested without an engine).
+    # page_size is passed in (upstream reads the global context): kvcache/ stays below core.py
     def __init__(self, device: torch.device, page_size: int = 1) -> None:
         self.device = device
         self.page_size = page_size
@@ -138,14 +125,11 @@ class RadixPrefixCache(BasePrefixCache):
         self.evictable_size = 0
         self.protected_size = 0
         self.num_nodes = 0  # without the root
-        # (timestamp when queued, uuid, node) of leaves that were evictable then; see the module docstring
+        # (timestamp when queued, uuid, node) of leaves that were evictable then
         self._leaf_heap: list[tuple[int, int, RadixTreeNode]] = []
 
-    # -- queries ---------------------------------------------------------------------------------------------
     def _tree_walk(self, input_ids: torch.Tensor) -> tuple[RadixTreeNode, int]:
-        """Deepest node matching a page-aligned prefix of input_ids, and that prefix's length. A node matched only
-        in part is split so that the returned node ends exactly at the match (the tree's content is unchanged;
-        upstream does the same although its docstring says match_prefix leaves the tree alone)."""
+        """Deepest node matching a page-aligned prefix of input_ids, and its length; a node matched in part is split."""
         tic = next(_CLOCK)
         node, prefix_len, total = self.root_node, 0, len(input_ids)
         while total - prefix_len >= self.page_size:
@@ -168,7 +152,6 @@ class RadixPrefixCache(BasePrefixCache):
         node, prefix_len = self._tree_walk(input_ids)
         return MatchResult(RadixCacheHandle(prefix_len, node))
 
-    # -- updates ---------------------------------------------------------------------------------------------
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> InsertResult:
         insert_len = align_down(len(input_ids), self.page_size)
         input_ids, indices = input_ids[:insert_len], indices[:insert_len]
@@ -246,7 +229,6 @@ class RadixPrefixCache(BasePrefixCache):
     def size_info(self) -> SizeInfo:
         return SizeInfo(self.evictable_size, self.protected_size)
 
-    # -- checks ----------------------------------------------------------------------------------------------
     def _all_nodes(self) -> list[RadixTreeNode]:
         nodes, stack = [], list(self.root_node.children.values())
         while stack:
@@ -260,24 +242,19 @@ class RadixPrefixCache(BasePrefixCache):
         return torch.cat([self.root_node.value] + [n.value for n in self._all_nodes()])
 
     def check_integrity(self) -> None:
-        """Upstream's is a no-op. This one checks what the scheduler relies on: sizes add up per reference state,
-        children sit under their first page, a node counts at least its children's locks, no slot is owned
-        twice."""
+        """Sizes add up, children sit under their first page, locks nest, no slot is owned twice (upstream: no-op)."""
         evictable = protected = 0
         for node in self._all_nodes():
             assert node.length > 0 and node.length % self.page_size == 0, node
             assert len(node.key) == len(node.value) == node.length, node
             assert node.parent.children.get(self.key_fn(node.key)) is node, node
-            # every lock through a child also counts on its parent
             assert node.ref_count >= sum(c.ref_count for c in node.children.values()) >= 0, node
             if node.ref_count == 0:
                 evictable += node.length
             else:
                 protected += node.length
-        assert (evictable, protected) == (self.evictable_size, self.protected_size), (
-            (evictable, protected),
-            self.size_info,
-        )
+        assert (evictable, protected) == (self.evictable_size, self.protected_size), ((evictable, protected),
+                                                                                     self.size_info)
         indices = self.all_indices()
         assert len(torch.unique(indices)) == len(indices), "a KV slot is owned by two tree nodes"
         nodes = self._all_nodes()

@@ -1,8 +1,7 @@
 """KV page bookkeeping: the free list, the prefix cache, and which page-table entries a request owns.
 
-Ownership invariant, per request row: positions [0, cache_handle.cached_len) are slots of the prefix cache (the
-handle is locked), positions [cache_handle.cached_len, align_ceil(cached_len)) are pages the request owns alone.
-Every page is either free, in the prefix cache, or owned by exactly one request.
+Per request row: [0, cache_handle.cached_len) are the prefix cache's slots (handle locked), the rest up to
+align_ceil(cached_len) pages it owns alone. Every page is free, in the prefix cache, or owned by one request.
 """
 
 from __future__ import annotations
@@ -32,9 +31,8 @@ class CacheManager:
         self._page_offsets = torch.arange(page_size, dtype=torch.int32, device=self.device)
         self._lazy_frees: List[torch.Tensor] | None = None
 
-    # -- admission -------------------------------------------------------------------------------------------
     def match_req(self, req: PendingReq) -> MatchResult:
-        # never the whole prompt: its last token must be computed to produce the first output's logits
+        # never the last prompt token (it makes the first logits); echo with logprobs needs every prompt logit
         assert req.input_len > 0
         return self.prefix_cache.match_prefix(req.input_ids[: req.input_len - 1])
 
@@ -49,10 +47,9 @@ class CacheManager:
     def unlock(self, handle: BaseCacheHandle) -> None:
         self.prefix_cache.lock_handle(handle, unlock=True)
 
-    # -- allocation ------------------------------------------------------------------------------------------
     def allocate_paged(self, reqs: List[Req]) -> None:
-        """Give each request pages for positions [align_ceil(cached_len), align_ceil(device_len)) and write their
-        slots into its page-table row (the part before is cached or was allocated by an earlier step)."""
+        """Give each request pages for positions [align_ceil(cached_len), align_ceil(device_len)) in its page-table
+        row."""
         ps = self.page_size
         rows: List[int] = []
         firsts: List[int] = []
@@ -110,20 +107,15 @@ class CacheManager:
             if frees:
                 self.free_slots = torch.cat([self.free_slots, *frees])
 
-    # -- release ---------------------------------------------------------------------------------------------
     def cache_req(self, req: Req, *, finished: bool) -> None:
-        """Hand the request's computed prefix [0, cached_len) to the prefix cache.
-
-        finished=False (after a prefill): the request keeps running on a new, longer locked handle.
-        finished=True: everything the request owned goes either to the cache or back to the free list.
-        """
+        """Hand the request's computed prefix [0, cached_len) to the prefix cache. Not finished: it keeps running on
+        a new, longer locked handle; finished: all it owned goes to the cache or the free list."""
         row = req.table_idx
         page_indices = self.page_table[row, : req.cached_len]
         old_handle = req.cache_handle
         assert old_handle is not None
         in_cache_len, new_handle = self.prefix_cache.insert_prefix(req.input_ids[: req.cached_len], page_indices)
-        # [old cached_len, in_cache_len) was computed by this request although the cache already held it (another
-        # request inserted the same prefix meanwhile): the cache keeps its copy, ours goes back.
+        # [old cached_len, in_cache_len): another request inserted it meanwhile; the cache keeps its copy
         duplicates = page_indices[old_handle.cached_len : in_cache_len].clone()  # the row is rewritten below
         if finished:
             self._free(duplicates)
@@ -132,25 +124,20 @@ class CacheManager:
         else:
             if in_cache_len > old_handle.cached_len:
                 # keep reading the cache's copy (same tokens, same KV): ours is about to be reused
-                matched = new_handle.get_matched_indices()
-                self.page_table[row, old_handle.cached_len : in_cache_len] = matched[
-                    old_handle.cached_len : in_cache_len
-                ]
+                start, matched = old_handle.cached_len, new_handle.get_matched_indices()
+                self.page_table[row, start:in_cache_len] = matched[start:in_cache_len]
             self._free(duplicates)
             self.lock(new_handle)  # lock the new path before unlocking the old, so no node is evictable between
             self.unlock(old_handle)
             req.cache_handle = new_handle
 
-    # -- checks ----------------------------------------------------------------------------------------------
     def check_integrity(self, deep: bool = True) -> None:
-        """When no request runs: every page is either free or in the prefix cache (the sizes add up, O(1)); deep:
-        also none is both or twice, and the prefix cache's own invariants (O(cached tokens))."""
+        """When idle: every page is free or cached (O(1)); deep: none twice, and the prefix cache's invariants."""
         size = self.prefix_cache.size_info
         if deep:
             self.prefix_cache.check_integrity()
             assert len(torch.unique(self.free_slots)) == len(self.free_slots), "a page is on the free list twice"
         assert size.protected_size == 0, f"{size.protected_size} tokens still locked while idle"
         cached_pages = size.total_size // self.page_size
-        assert len(self.free_slots) + cached_pages == self.num_pages, (
+        assert len(self.free_slots) + cached_pages == self.num_pages, \
             f"{len(self.free_slots)} free + {cached_pages} cached pages != {self.num_pages}"
-        )

@@ -11,8 +11,7 @@ class DecodeManager:
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        # An insertion-ordered dict used as a set (upstream: a set, iterated in memory-address order), so the
-        # order of requests in a decode batch is the same on every run.
+        # an ordered dict as a set (upstream: a set in address order): the same decode batch order every run
         self.running_reqs: Dict[Req, None] = {}
 
     def filter_reqs(self, reqs: Iterable[Req]) -> None:
@@ -31,8 +30,7 @@ class DecodeManager:
 
     @property
     def inflight_tokens(self) -> int:
-        """KV tokens the running requests may still claim (page rounding included): new admissions must leave
-        them free, since a running request is never preempted."""
+        """KV tokens the running requests may still claim (page rounding included): admission leaves them free."""
         return sum(req.remain_len + self.page_size - 1 for req in self.running_reqs)
 
     def schedule_next_batch(self) -> Batch | None:

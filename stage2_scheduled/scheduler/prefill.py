@@ -1,13 +1,8 @@
 """Prefill admission: which waiting requests enter the next prefill batch, and how much of each prompt.
 
-A request is admitted only if its whole future KV (rest of the prompt plus every output token) fits beside what the
-running requests may still claim; then it never has to be preempted. A prompt longer than the step's token budget
-is cut into chunks (chunked prefill): each chunk is a `ChunkedReq` that produces no token, and the request waits at
-the head of the queue for its next chunk.
-
-Not upstream: a request whose prompt shares a long uncached prefix with a prompt still being prefilled waits until
-that prefill is done and its prefix is in the radix cache, instead of computing the same prefix a second time in
-the same batch (requests submitted together, e.g. one system prompt with many questions, otherwise never share).
+A request is admitted only if its whole future KV fits beside what running requests may still claim (no preemption).
+A prompt longer than the step's budget is cut into chunks (`ChunkedReq`, no token). Not upstream: a request sharing
+a long uncached prefix with a prompt being prefilled waits until that prefix is in the radix cache.
 """
 
 from __future__ import annotations
@@ -49,9 +44,8 @@ def estimated_kv_tokens(input_len: int, output_len: int, cached_len: int, page_s
 class PrefillAdder:
     """Builds one prefill batch; lives for one scheduling step."""
 
-    def __init__(
-        self, token_budget: int, reserved_size: int, cache_manager: CacheManager, table_manager: TableManager
-    ) -> None:
+    def __init__(self, token_budget: int, reserved_size: int, cache_manager: CacheManager,
+                 table_manager: TableManager) -> None:
         self.token_budget = token_budget
         self.reserved_size = reserved_size
         self.cache_manager = cache_manager
@@ -84,22 +78,15 @@ class PrefillAdder:
         chunk_size = min(self.token_budget, remain_len)
         is_chunked = chunk_size < remain_len
         self.token_budget -= chunk_size
-        self.reserved_size += estimated_kv_tokens(
-            pending.input_len, pending.output_len, cached_len, self.cache_manager.page_size
-        )
+        self.reserved_size += estimated_kv_tokens(pending.input_len, pending.output_len, cached_len,
+                                                  self.cache_manager.page_size)
         end = cached_len + chunk_size
         device = self.table_manager.token_pool.device
         self.table_manager.token_pool[table_idx, cached_len:end] = to_device(pending.input_ids[cached_len:end], device)
         cls = ChunkedReq if is_chunked else Req
-        return cls(
-            input_ids=pending.input_ids[:end],
-            table_idx=table_idx,
-            cached_len=cached_len,
-            output_len=pending.output_len,
-            uid=pending.uid,
-            sampling_params=pending.sampling_params,
-            cache_handle=cache_handle,
-        )
+        return cls(input_ids=pending.input_ids[:end], table_idx=table_idx, cached_len=cached_len,
+                   output_len=pending.output_len, uid=pending.uid, sampling_params=pending.sampling_params,
+                   cache_handle=cache_handle)
 
     def try_add_one(self, pending: PendingReq) -> Req | None:
         if self.token_budget <= 0:
@@ -114,10 +101,8 @@ class PrefillAdder:
         return self._add_one_req(pending, handle, table_idx, handle.cached_len)
 
 
-# A waiting request defers to a prefill in progress when that prefill computes at least this many tokens of its
-# prompt that the cache does not hold yet. Prompts are indexed by their first PREFIX_PROBE_LEN tokens.
-PREFIX_WAIT_MIN_TOKENS = 32
-PREFIX_PROBE_LEN = 16
+PREFIX_WAIT_MIN_TOKENS = 32  # uncached tokens a prefill in progress must share for a request to wait for it
+PREFIX_PROBE_LEN = 16  # prompts in progress are indexed by this many first tokens
 
 
 class PrefillManager:
@@ -137,9 +122,8 @@ class PrefillManager:
     def schedule_next_batch(self, prefill_budget: int) -> Batch | None:
         if not self.pending_list:
             return None
-        adder = PrefillAdder(
-            prefill_budget, self.decode_manager.inflight_tokens, self.cache_manager, self.table_manager
-        )
+        adder = PrefillAdder(prefill_budget, self.decode_manager.inflight_tokens, self.cache_manager,
+                             self.table_manager)
         reqs: List[Req] = []
         chunked: List[PendingReq] = []
         waiting: List[PendingReq] = []
@@ -166,7 +150,6 @@ class PrefillManager:
         self.pending_list = chunked + waiting + rest
         return Batch(reqs=reqs, phase="prefill")
 
-    # -- waiting for a shared prefix -------------------------------------------------------------------------
     def _start_computing(self, pending: PendingReq) -> None:
         if self.wait_for_shared_prefix and pending.input_len > PREFIX_PROBE_LEN:
             self._computing[pending.uid] = pending.input_ids

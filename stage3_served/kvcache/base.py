@@ -41,9 +41,7 @@ class BaseCacheHandle(ABC):
     def get_matched_indices(self) -> torch.Tensor: ...
 
 
-# --- prefix caches (stage 2) -------------------------------------------------------------------------------------
-# A prefix cache owns the KV slots of prompts that finished (or are running) so that a later request with the same
-# prefix skips recomputing them. It hands out handles; a handle must be locked while a request uses its slots.
+# --- prefix caches (stage 2): KV slots of earlier prompts, handed out as handles locked while in use ------------
 
 
 class SizeInfo(NamedTuple):

@@ -36,9 +36,8 @@ Prompt = str | Sequence[int]
 class LLM(Scheduler):
     def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, **kwargs) -> None:
         # any EngineConfig / SchedulerConfig field may be passed (page_size, cache_type, max_extend_tokens, ...)
-        config = SchedulerConfig(
-            model_path=model_path, tp_info=DistributedInfo(0, 1), dtype=dtype, offline_mode=True, **kwargs
-        )
+        config = SchedulerConfig(model_path=model_path, tp_info=DistributedInfo(0, 1), dtype=dtype, offline_mode=True,
+                                 **kwargs)
         super().__init__(config)
         self.pending_requests: Deque[Tuple[Prompt, SamplingParams]] = deque()
         self.status_map: Dict[int, RequestStatus] = {}
@@ -81,12 +80,9 @@ class LLM(Scheduler):
             if msg.finished and self._pbar is not None:
                 self._pbar.update(1)
 
-    def generate(
-        self,
-        prompts: Sequence[str] | Sequence[Sequence[int]],
-        sampling_params: Sequence[SamplingParams] | SamplingParams,
-        use_tqdm: bool = True,
-    ) -> List[Dict[str, str | List[int]]]:
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
+                 sampling_params: Sequence[SamplingParams] | SamplingParams,
+                 use_tqdm: bool = True) -> List[Dict[str, str | List[int]]]:
         """One result per prompt, in order: {"text", "token_ids"} (plus "error" for a rejected prompt)."""
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)

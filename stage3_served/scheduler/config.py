@@ -11,8 +11,7 @@ class SchedulerConfig(EngineConfig):
     max_extend_tokens: int = 8192  # prefill tokens per step; a longer prompt is chunked across steps
     cache_type: str = "radix"  # "naive" | "radix"
     offline_mode: bool = False
-    # Upstream switches overlap scheduling only through MINISGL_DISABLE_OVERLAP_SCHEDULING; a field lets one process
-    # hold schedulers of both kinds (tests). The environment variable still turns it off.
+    # a field (upstream: only MINISGL_DISABLE_OVERLAP_SCHEDULING, which still turns it off): one process, both kinds
     overlap_scheduling: bool = True
     # stage 3: makes the ipc:// addresses unique per server (the API server's pid; workers get a copy of the config)
     _unique_suffix: str = field(default_factory=lambda: f".pid={os.getpid()}")
@@ -32,7 +31,3 @@ class SchedulerConfig(EngineConfig):
     @property
     def backend_create_detokenizer_link(self) -> bool:
         return True
-
-    @property
-    def max_forward_len(self) -> int:
-        return self.max_extend_tokens

@@ -1,11 +1,9 @@
 """How a scheduler rank talks to the other processes.
 
-Rank 0 pulls requests from the tokenizer worker(s) and pushes sampled tokens to the detokenizer. With tensor
-parallelism every rank must see the same messages at the same step, so rank 0 republishes, once per step, the raw
-bytes of what it received as one bundle (possibly empty) on a PUB socket; the other ranks read exactly one bundle
-per step. The bundle replaces upstream's per-step gloo broadcast of the message count: one ZMQ message carries both
-the count and the payload, and nothing else has to agree. The PUB side waits until every rank has subscribed
-(see ``ZmqPubQueue``) — upstream could lose the first messages there and hang the other ranks.
+Rank 0 pulls requests from the tokenizer and pushes tokens to the detokenizer. With tensor parallelism rank 0
+republishes, once per step, the raw bytes it received as one bundle (possibly empty) on a PUB socket, and every other
+rank reads exactly one bundle per step (upstream: a gloo broadcast of the count). The PUB side waits until every rank
+has subscribed (``ZmqPubQueue``): upstream could lose the first messages and hang.
 
 Offline (``LLM``), the subclass supplies ``offline_receive_msg`` / ``offline_send_result`` instead.
 """
@@ -22,8 +20,7 @@ from ..utils.mp import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue
 if TYPE_CHECKING:
     from .config import SchedulerConfig
 
-# how long rank 0 waits for the other ranks to subscribe (they start at the same time, but load a model first)
-SUBSCRIBE_TIMEOUT_S = 600.0
+SUBSCRIBE_TIMEOUT_S = 600.0  # the other ranks load a model before they subscribe
 
 
 class SchedulerIOMixin:
@@ -33,9 +30,7 @@ class SchedulerIOMixin:
     def __init__(self, config: SchedulerConfig, tp_cpu_group: object | None = None) -> None:
         self._io_queues: list = []
         self.tp_cpu_group = tp_cpu_group
-        # The routes are the class's functions, called with self by receive_msg / send_result, not bound methods
-        # stored on the object as upstream does (`self.receive_msg = self.offline_receive_msg`): those form a
-        # reference cycle, which kept a deleted LLM and its memory alive until the garbage collector ran.
+        # class functions, not bound methods on self as upstream's: that cycle kept a deleted LLM's memory alive
         cls = type(self)
         if config.offline_mode:
             self._receive_route = cls.offline_receive_msg
@@ -43,9 +38,8 @@ class SchedulerIOMixin:
             return
         tp_info = config.tp_info
         if tp_info.is_primary():
-            self._recv_from_tokenizer: ZmqPullQueue[BaseBackendMsg] = ZmqPullQueue(
-                config.zmq_backend_addr, True, BaseBackendMsg.decoder
-            )
+            self._recv_from_tokenizer: ZmqPullQueue[BaseBackendMsg] = ZmqPullQueue(config.zmq_backend_addr, True,
+                                                                                   BaseBackendMsg.decoder)
             self._send_to_detokenizer: ZmqPushQueue[BaseTokenizerMsg] = ZmqPushQueue(
                 config.zmq_detokenizer_addr, config.backend_create_detokenizer_link, BaseTokenizerMsg.encoder
             )
@@ -56,9 +50,8 @@ class SchedulerIOMixin:
             self._receive_route = cls._receive_msg_rank0
             self._send_route = cls._send_result_rank0
         else:
-            self._recv_from_rank0: ZmqSubQueue[BaseBackendMsg] = ZmqSubQueue(
-                config.zmq_scheduler_broadcast_addr, False, BaseBackendMsg.decoder
-            )
+            self._recv_from_rank0: ZmqSubQueue[BaseBackendMsg] = ZmqSubQueue(config.zmq_scheduler_broadcast_addr, False,
+                                                                             BaseBackendMsg.decoder)
             self._io_queues.append(self._recv_from_rank0)
             self._receive_route = cls._receive_msg_other_rank
             self._send_route = cls._send_result_other_rank
@@ -71,8 +64,7 @@ class SchedulerIOMixin:
         self._send_route(self, reply)
 
     def _open_broadcast(self, config: SchedulerConfig) -> ZmqPubQueue:
-        """Rank 0's PUB socket, once every other rank has subscribed; if they do not, the sockets opened so far are
-        closed (and their ipc files removed) before the error propagates."""
+        """Rank 0's PUB socket, once every other rank has subscribed (else all sockets are closed first)."""
         queue = ZmqPubQueue(config.zmq_scheduler_broadcast_addr, True, BaseBackendMsg.encoder)
         self._io_queues.append(queue)
         try:

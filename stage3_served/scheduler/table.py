@@ -9,8 +9,7 @@ class TableManager:
     """Request slots: rows of the page table, and of the token pool that holds each slot's token ids."""
 
     def __init__(self, max_running_reqs: int, page_table: torch.Tensor) -> None:
-        # FIFO reuse (upstream: LIFO, so a just-freed row is handed out first). The scheduler already releases a
-        # row only after the last batch that used it has completed (upstream bug 3); FIFO is extra distance.
+        # FIFO reuse (upstream: LIFO): extra distance beyond releasing a row after its last batch (upstream bug 3)
         self._free_slots = deque(range(max_running_reqs))
         self.page_table = page_table
         # token ids per (slot, position). Zeros keep the dummy row's input valid.

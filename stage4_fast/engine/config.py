@@ -23,22 +23,16 @@ class EngineConfig:
     moe_backend: str = "auto"
     cuda_graph_bs: List[int] | None = None
     cuda_graph_max_bs: int | None = None
-    # CUDA graphs of the prefill forward up to the scheduler's prefill step size (engine/prefill_graph.py): None =
-    # on a GPU (unless graphs are off), True = also the emulation on a CPU (tests), False = never
-    prefill_cuda_graph: bool | None = None
+    prefill_cuda_graph: bool | None = None  # None: on a GPU with graphs on; True: also emulated on a CPU
     page_size: int = 1
-    # what the KV pool stores: "auto" (the model's dtype), "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2"
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # what the KV pool stores: "auto" (the model's dtype) or kvcache/dtype.py's names
     memory_ratio: float = 0.9
     distributed_timeout: float = 60.0
     use_dummy_weight: bool = False
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
-    # Rendezvous of the TP ranks, used only when tp > 1. Upstream hard-codes port 2333 (two engines on one host
-    # collide); whoever starts the ranks passes a free one (the server derives it from its own port).
-    _distributed_addr: str = "tcp://127.0.0.1:2333"
-    # machines the TP ranks span (SGLang's --nnodes); ranks are numbered machine by machine, tp / nnodes on each
-    nnodes: int = 1
+    _distributed_addr: str = "tcp://127.0.0.1:2333"  # TP rendezvous; upstream hard-codes it, starters pass a free port
+    nnodes: int = 1  # machines the TP ranks span (SGLang's --nnodes), tp / nnodes ranks each, numbered in order
 
     @functools.cached_property
     def hf_config(self) -> PretrainedConfig:
@@ -57,10 +51,6 @@ class EngineConfig:
     @property
     def distributed_addr(self) -> str:
         return self._distributed_addr
-
-    @property
-    def max_forward_len(self) -> int:
-        return self.max_seq_len
 
     @property
     def ranks_per_node(self) -> int:

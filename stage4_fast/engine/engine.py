@@ -1,6 +1,5 @@
-"""The engine of one TP rank: model shard + KV pool + page table + attention/MoE backends + CUDA graphs + sampler
-on one device; runs one batch. With tp > 1 every rank runs the same batches in lock-step (one process each) and
-the layers' collectives join the ranks' partial results."""
+"""The engine of one TP rank: model shard, KV pool, page table, backends, graphs, sampler; runs one batch. With
+tp > 1 every rank runs the same batches in lock-step and the layers' collectives join the partial results."""
 
 from __future__ import annotations
 
@@ -11,12 +10,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ..attention import (
-    create_attention_backend,
-    kv_cache_dtype_problem,
-    resolve_auto_backend,
-    validate_attn_backend,
-)
+from ..attention import create_attention_backend, kv_cache_dtype_problem, resolve_auto_backend, validate_attn_backend
 from ..attention.hybrid_linear import HybridLinearAttnBackend
 from ..core import Batch, Context, Req, SamplingParams, release_global_ctx, set_global_ctx
 from ..distributed import destroy_distributed, init_process_group, reset_tp_info, set_tp_info
@@ -49,8 +43,7 @@ from .sample import BatchSamplingArgs, Sampler
 
 logger = logging.getLogger(__name__)
 
-# Upstream sizes the KV pool from free GPU memory. Host RAM is shared with everything else, so on CPU the pool gets
-# a fixed budget unless num_page_override says otherwise (allocated lazily: untouched pages cost no memory).
+# on CPU a fixed KV budget (host RAM is shared; untouched pages cost nothing), not upstream's share of free memory
 CPU_KV_CACHE_BYTES = 1 << 30
 
 
@@ -61,9 +54,7 @@ class ForwardOutput(NamedTuple):
     logprobs: BatchLogprobs | None = None  # host copies, for the requests that asked (valid with the tokens)
 
 
-# the grid of row counts ``Engine.warm_up_gemms`` runs: every 16th row count (cuBLAS's choice for a count between two
-# of them is mostly one it has already made), at most 512 of them (the GEMMs' work grows with the square of the
-# largest)
+# Engine.warm_up_gemms: every 16th row count (cuBLAS mostly reuses its choice in between), at most 512 of them
 GEMM_WARM_UP_STEP = 16
 GEMM_WARM_UP_COUNTS = 512
 
@@ -78,8 +69,7 @@ class Engine:
         if is_cuda(self.device):
             torch.cuda.set_device(self.device)
         else:
-            # the GEMMs are memory-bound: hyper-threads only add contention; each of a machine's TP ranks gets its
-            # share of that machine's cores
+            # memory-bound GEMMs: physical cores only, shared among the machine's ranks
             torch.set_num_threads(max(1, physical_cpu_count() // config.ranks_per_node))
         torch.manual_seed(42)
         self.stream = create_stream(self.device)
@@ -100,8 +90,7 @@ class Engine:
             self.model.load_state_dict(self._load_weights(model_path))
             self.model.after_load()
 
-            # hybrid models: per-request linear-attention state, one slot per request slot + the dummy's;
-            # made before the KV pool so that the pool is sized from the memory left after it
+            # hybrid models' linear-attention state (+1: the dummy's slot), before the KV pool is sized
             self.state_pool = (
                 create_state_pool(model_config, config.max_running_req + 1, config.dtype, self.device)
                 if model_config.linear_attn is not None
@@ -118,14 +107,8 @@ class Engine:
                 config.max_running_req + 1, align_ceil(self.max_seq_len, 32), dtype=torch.int32, device=self.device
             )
             self._create_backends(model_config)
-            self.dummy_req = Req(
-                input_ids=torch.tensor([0], dtype=torch.int32),
-                table_idx=config.max_running_req,
-                cached_len=0,
-                output_len=1,
-                uid=-1,
-                sampling_params=SamplingParams(),
-            )
+            self.dummy_req = Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
+                                 cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams())
             self.page_table[self.dummy_req.table_idx].fill_(self.num_pages * config.page_size)
             self.graph_runner = GraphRunner(
                 stream=self.stream, device=self.device, model=self.model, attn_backend=self.attn_backend,
@@ -173,8 +156,7 @@ class Engine:
         return config
 
     def _graph_max_bs(self) -> int | None:
-        """The torch backend cannot be captured in a real CUDA graph (it reads lengths on the host): graphs are
-        off for it on a GPU; on CPU any backend runs under the emulation when graphs are asked for."""
+        """0 for the torch backend on a GPU (it reads lengths on the host: no real CUDA graph)."""
         uses_torch = "torch" in self.config.attention_backend.split(",")[-1:]
         if is_cuda(self.device) and uses_torch and self.config.cuda_graph_bs is None:
             return 0
@@ -209,8 +191,7 @@ class Engine:
         return state
 
     def _set_kv_scales(self, model_config: ModelConfig) -> str:
-        """Give an fp8 pool the checkpoint's per-layer scales (1.0 where it has none, as SGLang and vLLM do
-        without calibration); returns what the start-up log says about them."""
+        """Give an fp8 pool the checkpoint's per-layer scales (1.0 where none); returns the start-up log's words."""
         found = self._checkpoint_kv_scales
         if not is_fp8(self.kv_dtype):
             return f" (checkpoint KV scales unused: {len(found)})" if found else ""
@@ -242,9 +223,8 @@ class Engine:
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs,
                       before_sampling: Callable[[], None] | None = None) -> ForwardOutput:
-        """Forward, sample, and start the copy of the tokens to the host. ``before_sampling``: host work to do once
-        the forward is launched (on a GPU the device runs it meanwhile) and before the sampler reads ``args``; the
-        grammar masks are filled after it (the scheduler catches up with the previous step there)."""
+        """Forward, sample, start the tokens' copy to the host. ``before_sampling``: host work overlapping the
+        launched forward, before the sampler reads ``args`` (grammar masks are filled after it)."""
         if is_cuda(self.device):
             assert current_stream(self.device) == self.stream, "run forward_batch on the engine stream"
         # Several engines may live in one process (tests); the layers read the global context, so make it ours.
@@ -268,16 +248,14 @@ class Engine:
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logprobs_cpu)
 
     def pad_batch(self, batch: Batch) -> None:
-        """Pad a batch up to its graph's size: a decode batch with the dummy request (``engine/graph.py``), a
-        prefill batch with dummy prompts where prefill graphs are captured (``engine/prefill_graph.py``)."""
+        """Pad a batch up to its (decode or prefill) graph's size."""
         if batch.is_prefill and self.prefill_graph is not None:
             self.prefill_graph.pad_batch(batch)
         else:
             self.graph_runner.pad_batch(batch)
 
     def forward_logits(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The batch's logits, inside ``ctx.forward_batch(batch)``: a decode graph's replay (with its greedy
-        argmax), the prefill graph's, or the eager forward (no argmax)."""
+        """Logits (and a decode graph's greedy argmax) from a graph replay or the eager forward."""
         if self.graph_runner.can_use_cuda_graph(batch):
             return self.graph_runner.replay(batch), self.graph_runner.greedy_tokens(batch)
         if self.prefill_graph is not None and self.prefill_graph.can_replay(batch):
@@ -285,13 +263,8 @@ class Engine:
         return self.model.forward(), None
 
     def warm_up_prefill(self, num_tokens: int, num_reqs: int = 1) -> None:
-        """One prefill step of ``num_tokens`` dummy tokens over ``num_reqs`` requests before the first request, on
-        a GPU, through ``forward_batch`` (the forward or the prefill graph's replay, the LM head, greedy sampling,
-        the copy to the host). CUDA loads a kernel's module at its first launch, so without it the first long
-        prompt a server takes (or the first step of many requests) pays for the kernels a short prompt never
-        launches, while the device waits. vLLM's start-up dummy run, a forward at its largest batch of several
-        requests, does the same. Every request is the padding request: their KV goes to its slot, which no request
-        reads."""
+        """One dummy prefill step through ``forward_batch`` at start-up: CUDA loads a kernel's module at its first
+        launch, which the first long prompt would otherwise pay. Its KV goes to the padding slot, read by no one."""
         num_tokens = min(num_tokens, self.max_seq_len)
         num_reqs = max(1, min(num_reqs, num_tokens // 2, self.config.max_running_req))
         if num_tokens < 2:
@@ -316,9 +289,7 @@ class Engine:
                            "too (lower --max-num-batched-tokens or --mem-fraction-static)", num_tokens)
 
     def capture_prefill_graph(self, num_tokens: int) -> None:
-        """Capture the prefill forward at ``num_tokens`` tokens and a grid of smaller counts (engine/prefill_graph.py):
-        prefill steps are padded up to the next of them and replay its graph. Per ``EngineConfig.prefill_cuda_graph``:
-        by default on a GPU whose decode graphs are on; on a CPU only when asked for (the emulation, for tests)."""
+        """Capture the prefill forward at a grid of token counts up to ``num_tokens`` (engine/prefill_graph.py)."""
         if why := self._prefill_graph_problem(num_tokens):
             logger.info("prefill steps run eagerly: %s", why)
             return
@@ -346,19 +317,14 @@ class Engine:
         return prefill_graph_problem(self.model, self.attn_backend)
 
     def warm_up_gemms(self, max_tokens: int, step: int = GEMM_WARM_UP_STEP) -> None:
-        """Every projection at each row count below ``step`` and every ``step`` rows up to ``max_tokens`` (at most
-        GEMM_WARM_UP_COUNTS of them: the step grows with ``max_tokens``), and the LM head at every request count a
-        prefill step can have (up to GEMM_WARM_UP_COUNTS), before the first request. cuBLAS chooses a kernel the
-        first time it sees a GEMM's shape, on the host, and a prefill step of a token count not seen before would
-        pay that while the device waits (``layers/linear.py: warm_up_gemms``). vLLM warms fixed sizes at start-up
-        too."""
+        """Run every projection over a grid of row counts up to ``max_tokens`` and the LM head at every request
+        count: cuBLAS picks a kernel on the host at a shape's first sight, which a prefill step would pay."""
         step = max(step, math.ceil(max_tokens / GEMM_WARM_UP_COUNTS / step) * step)
         rows = [*range(1, step), *range(step, max_tokens + 1, step), max_tokens]
         start = time.perf_counter()
         try:
             with torch.inference_mode(), stream_context(self.stream):
                 num_layers = warm_up_gemms(self.model, rows)
-                # (a prefill step has at most max_running_req requests, each at least one token)
                 max_reqs = min(self.config.max_running_req, max_tokens, GEMM_WARM_UP_COUNTS)
                 hidden = torch.zeros(max_reqs, self.config.model_config.hidden_size, dtype=self.dtype,
                                      device=self.device)
@@ -367,8 +333,7 @@ class Engine:
             synchronize(self.device)
         except torch.OutOfMemoryError:  # (no collective ran: the ranks cannot diverge) serve without it
             torch.cuda.empty_cache()
-            logger.warning("the GEMM warm-up of %d rows ran out of GPU memory at start-up; serving without it",
-                           max_tokens)
+            logger.warning("the GEMM warm-up of %d rows ran out of GPU memory; serving without it", max_tokens)
             return
         logger.info("warmed %d projections at %d row counts and the LM head at 1-%d rows in %.1f s", num_layers,
                     len(set(rows)), len(hidden), time.perf_counter() - start)

@@ -1,19 +1,8 @@
 """CUDA-graph runner for decode batches, with a CPU emulation that keeps the same discipline.
 
-A captured graph replays fixed kernels on fixed memory: whatever a replay should see has to be copied into the
-buffers the capture used. So the runner owns one set of input/output buffers sized for the largest graph
-(``GraphCaptureBuffer``), each captured batch reads its inputs as views of them, the attention backend keeps its
-metadata in its own capture buffers (``prepare_for_capture``), and a replay first copies the real batch's
-inputs (``copy_from``) and metadata (``prepare_for_replay``) in.
-
-On CPU, ``EmulatedGraph`` stands in for ``torch.cuda.CUDAGraph``: capture records a closure over the *capture*
-batch and replay re-runs it. Like a real graph the closure never sees the batch being replayed, only the
-buffers, so an input that is not copied in produces a wrong result here too (a test proves it). Decode batches
-are padded with the engine's dummy request up to the next captured size (``pad_batch``).
-
-Each graph ends in the greedy argmax of its logits (``greedy_tokens``), so an all-greedy batch launches no argmax
-from the host after the replay. Where our kernels launch with programmatic dependent launch, each captured graph
-is rewired before it is instantiated (``kernel/pdl_graph.py``).
+A replay first copies the real batch's inputs (``copy_from``) and attention metadata in. On CPU, ``EmulatedGraph``
+re-runs a closure over the *capture* batch, so an input not copied in gives a wrong result there too. Each graph ends
+in its logits' greedy argmax (``greedy_tokens``); with PDL kernels it is rewired (``kernel/pdl_graph.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 def rewires_graphs(device: torch.device) -> bool:
-    """Whether the captured graphs get their edges moved (``kernel/pdl_graph.py``): our kernels launch with PDL on
-    this device, and this torch can keep a captured graph un-instantiated (``CUDAGraph(keep_graph=True)``)."""
+    """Whether graphs get their edges moved: our kernels use PDL here and torch has ``CUDAGraph(keep_graph=True)``."""
     from ..kernel.pdl import pdl_launch  # imports triton: never at module import (tests pick its interpreter first)
 
     if not pdl_launch(device)[0]:
@@ -50,9 +38,7 @@ def rewires_graphs(device: torch.device) -> bool:
         return False
     return True
 
-# On a CPU graphs are off unless asked for: the emulation checks the fixed-buffer discipline (the tests ask for it)
-# but saves nothing, and its copies cost time.
-EMULATION_MAX_BS = 16  # what the tests and the shared suite's harness ask for on a CPU
+EMULATION_MAX_BS = 16  # what the tests ask for on a CPU (where graphs are off unless asked for: they save nothing)
 
 
 class Graph(Protocol):
@@ -77,11 +63,9 @@ class EmulatedGraph:
 
 def capture_graph(run: Callable[[], None], batch: Batch, stream: Stream, emulated: bool, rewire: bool,
                   pool: object = None) -> tuple[Graph, int]:
-    """Run ``run`` once on the capture ``batch`` (a warm-up: lazy initialisation must not happen during capture),
-    then capture it: a CUDA graph in ``pool`` (its edges moved to launch order where ``rewire``; the count moved is
-    returned), or on CPU an ``EmulatedGraph`` whose replay runs it with the context's batch swapped for ``batch``:
-    a replay happens inside the engine's forward_batch(real batch), and the model must see the capture batch
-    instead, exactly as a real graph only "sees" what it captured."""
+    """Run ``run`` once on ``batch`` (warm-up), then capture it: a CUDA graph in ``pool`` (with the count of edges
+    moved where ``rewire``), or an ``EmulatedGraph`` whose replay swaps the context's batch for the capture batch,
+    as a real graph only sees what it captured."""
     ctx = get_global_ctx()
     with ctx.forward_batch(batch):
         run()
@@ -115,15 +99,13 @@ class GraphCaptureBuffer:
     @classmethod
     def init(cls, bs: int, vocab_size: int, device: torch.device, dummy_slot: int = 0,
              logits_dtype: torch.dtype = torch.float32) -> GraphCaptureBuffer:
-        # out_loc starts at the dummy slot so capture runs write their KV where nothing lives. Normal (not
-        # inference) tensors: in-place copies then bump their version counter, which memos check.
+        # out_loc at the dummy slot: capture writes KV where nothing lives; not inference tensors: memos check versions
         with torch.inference_mode(False):
             return cls(
                 input_ids=torch.zeros(bs, dtype=torch.int32, device=device),
                 out_loc=torch.full((bs,), dummy_slot, dtype=torch.int32, device=device),
                 positions=torch.zeros(bs, dtype=torch.int32, device=device),
-                # a 16-bit buffer: an fp32 one costs a conversion kernel per replay ([batch, vocab] fp32 written and
-                # read again by the sampler) and changes no value
+                # the model's dtype: fp32 would cost a conversion kernel per replay and change no value
                 logits=torch.empty(bs, vocab_size, dtype=logits_dtype, device=device),
             )
 
@@ -142,13 +124,10 @@ class GraphCaptureBuffer:
         self.positions[:bs].copy_(batch.positions)
 
 
-def default_graph_bs_list(
-    device: torch.device, free_memory: int, cuda_graph_bs: List[int] | None, cuda_graph_max_bs: int | None
-) -> List[int]:
-    """Explicit list if given; else [1, 2, 4] + multiples of 8 up to the max: 256 (the scheduler's default
-    max_running_req) on a GPU with more than 60 GiB free, as SGLang on an 80 GB card (upstream keeps 256 for
-    GPUs over 80 GiB only), 160 otherwise; none on a CPU, where an explicit max turns the emulation on. A max below
-    1 disables graphs."""
+def default_graph_bs_list(device: torch.device, free_memory: int, cuda_graph_bs: List[int] | None,
+                          cuda_graph_max_bs: int | None) -> List[int]:
+    """Explicit list if given; else [1, 2, 4] + multiples of 8 up to the max: 256 on a GPU with over 60 GiB free,
+    160 on a smaller one, none on a CPU (an explicit max turns the emulation on). A max below 1 disables graphs."""
     if cuda_graph_bs is not None:
         return sorted(set(cuda_graph_bs))
     if cuda_graph_max_bs is None:
@@ -202,12 +181,10 @@ class GraphRunner:
                     pool = graph.pool()
                 self.graph_map[bs] = graph
         if rewire:
-            logger.info("%d graph edges out of kernels launched without PDL leave at launch order",
-                        launch_order_edges)
+            logger.info("%d graph edges out of kernels launched without PDL leave at launch order", launch_order_edges)
 
     def _forward_into_buffer(self, bs: int) -> None:
-        """The model's forward, whose LM head writes the logits into the buffer (``Batch.logits_out``), then their
-        greedy argmax."""
+        """The forward (its LM head writes into ``Batch.logits_out``), then the logits' greedy argmax."""
         logits = self.model.forward()
         assert logits.data_ptr() == self.buffer.logits.data_ptr(), "the LM head must write into Batch.logits_out"
         self.greedy_of[bs] = greedy_argmax(logits)
@@ -231,8 +208,7 @@ class GraphRunner:
         return self.buffer.logits[: batch.size]
 
     def greedy_tokens(self, batch: Batch) -> torch.Tensor:
-        """The argmax of the logits the last ``replay(batch)`` returned, int32 [batch.size] (a view of the graph's
-        output, which the next replay of that size overwrites)."""
+        """int32 [batch.size] argmax of the last replay's logits (a view the next replay overwrites)."""
         return self.greedy_of[batch.padded_size][: batch.size]
 
     def destroy_cuda_graphs(self) -> None:

@@ -1,22 +1,7 @@
-"""CUDA graphs of the decoder stack's prefill forward at a grid of token counts up to the size chunked prefill fills
-a step to (``max_extend_tokens``); a step of another count is padded up to the next one.
-
-Eagerly, the host launches every kernel of every layer and runs the Python around them, which for a small model
-takes about as long as the device needs for a full step: a burst of prompts, going in as back-to-back full steps,
-would leave the device waiting on the host. Replayed from a graph, a step costs the host a few copies and a launch.
-
-One graph serves every batch of its token count because of the attention: the Triton prefill kernel takes its
-(request, query block) work list from the device (``kernel/triton_prefill.py: prefill_block_map``) with a grid of
-the list's capacity, and everything else in the stack is shaped by the token count alone. A replay copies the
-batch's token ids, positions, KV slots (``PrefillCaptureBuffer``) and attention metadata into the captured buffers;
-the LM head then runs eagerly on the graph's hidden states (its rows, the requests' last tokens, depend on the batch).
-
-Other token counts (a burst's first and last steps, a lone prompt) are padded, as decode batches are, up to the next
-size of the grid (``prefill_graph_sizes``): every eighth of the step size, then halves down to ``MIN_TOKENS``. The
-padding is dummy prompts of at most ``PAD_REQ_TOKENS`` tokens in the padding request's table row: their KV goes to
-the padding slot, which no request reads, and the LM head takes only the batch's own rows. The graphs share one
-memory pool, captured from the largest down, as vLLM's are (vLLM and SGLang capture prefill piecewise, the attention
-outside; here it is inside). On CPU, ``EmulatedGraph`` stands in for the graphs (``engine/graph.py``).
+"""CUDA graphs of the decoder stack's prefill forward at a grid of token counts up to ``max_extend_tokens``: eagerly,
+launching a small model's kernels takes the host about as long as the device's step. One graph serves every batch of
+its count (the Triton prefill kernel reads its work list from the device, ``prefill_block_map``); a step is padded up
+with dummy prompts in the padding row, and the LM head runs eagerly on the graph's hidden states.
 """
 
 from __future__ import annotations
@@ -49,11 +34,9 @@ class PrefillCaptureBuffer:
     def init(cls, num_tokens: int, device: torch.device, dummy_slot: int) -> PrefillCaptureBuffer:
         # normal (not inference) tensors: a copy into one bumps its version counter, which the RoPE memo checks
         with torch.inference_mode(False):
-            return cls(
-                input_ids=torch.zeros(num_tokens, dtype=torch.int32, device=device),
-                positions=torch.arange(num_tokens, dtype=torch.int32, device=device),
-                out_loc=torch.full((num_tokens,), dummy_slot, dtype=torch.int32, device=device),
-            )
+            return cls(torch.zeros(num_tokens, dtype=torch.int32, device=device),
+                       torch.arange(num_tokens, dtype=torch.int32, device=device),
+                       torch.full((num_tokens,), dummy_slot, dtype=torch.int32, device=device))
 
     def set_batch(self, batch: Batch) -> None:
         batch.input_ids, batch.positions, batch.out_loc = self.input_ids, self.positions, self.out_loc
@@ -73,17 +56,12 @@ def prefill_graph_problem(model: BaseLLMModel, attn_backend: BaseAttnBackend) ->
     return None
 
 
-# the grid's smallest size: a step below it pads up to it (a small fraction of a full step's device time)
-MIN_TOKENS = 256
-# the padding's prompts are at most this long: causal attention over each costs its length squared, so one dummy
-# prompt of the whole padding (up to an eighth of a step) would cost more than several short ones
-PAD_REQ_TOKENS = 256
+MIN_TOKENS = 256  # the grid's smallest size
+PAD_REQ_TOKENS = 256  # short padding prompts: causal attention costs each its length squared
 
 
 def prefill_graph_sizes(max_tokens: int, min_tokens: int = MIN_TOKENS) -> List[int]:
-    """The token counts captured, largest first: every eighth of ``max_tokens`` (a padded step carries at most an
-    eighth of a full one's tokens more), then halves of the smallest eighth down to ``min_tokens``; ``max_tokens`` alone
-    when it is no larger than ``min_tokens``."""
+    """The token counts captured, largest first: every eighth of ``max_tokens``, then halves down to ``min_tokens``."""
     sizes = {max_tokens}
     for k in range(1, 8):
         size = max_tokens * k // 8
@@ -97,8 +75,7 @@ def prefill_graph_sizes(max_tokens: int, min_tokens: int = MIN_TOKENS) -> List[i
 
 
 def padding_reqs(dummy_req: Req, lens: Sequence[int]) -> List[Req]:
-    """Dummy prompts of ``lens`` tokens, every one in the padding request's table row: the KV they write goes to
-    the padding slot, which no request reads."""
+    """Dummy prompts of ``lens`` tokens in the padding request's table row."""
     return [Req(input_ids=torch.zeros(n, dtype=torch.int32), table_idx=dummy_req.table_idx, cached_len=0,
                 output_len=1, uid=-1 - i, sampling_params=SamplingParams()) for i, n in enumerate(lens)]
 
@@ -137,8 +114,6 @@ class PrefillGraphRunner:
                         len(self.sizes), self.sizes[-1], self.sizes[0], time.perf_counter() - start)
 
     def _capture(self, num_tokens: int, pool: object) -> Graph:
-        """Capture on a batch of one dummy prompt of ``num_tokens`` tokens in the dummy request's table row: every
-        KV slot it writes is the padding slot, which no request reads."""
         buffer = self.buffers[num_tokens] = PrefillCaptureBuffer.init(num_tokens, self.device, self._dummy_slot)
         batch = padding_prefill_batch(self.dummy_req, [num_tokens])
         buffer.set_batch(batch)
@@ -152,15 +127,13 @@ class PrefillGraphRunner:
             rewire = not self.emulated and rewires_graphs(self.device)
             graph, _ = capture_graph(forward, batch, self.stream, self.emulated, rewire, pool)
             if not self.emulated:
-                # a graph's first launch uploads it to the device: here rather than in the first real step (it writes
-                # the padding slot again)
+                # the first launch uploads the graph: here, not in the first real step
                 graph.replay()
                 synchronize(self.device)
         return graph
 
     def pad_batch(self, batch: Batch) -> None:
-        """Pad a prefill batch with dummy prompts up to the next captured size, after its own requests; a batch
-        the capture's buffers cannot take with them (too many requests) stays as it is and runs eagerly."""
+        """Pad a prefill batch with dummy prompts up to the next captured size (too many requests: run eagerly)."""
         batch.padded_reqs = list(batch.reqs)
         num_tokens = sum(req.extend_len for req in batch.reqs)
         size = next((s for s in reversed(self.sizes) if s >= num_tokens), None)
@@ -168,8 +141,7 @@ class PrefillGraphRunner:
             return
         pad = size - num_tokens
         lens = [PAD_REQ_TOKENS] * (pad // PAD_REQ_TOKENS) + ([pad % PAD_REQ_TOKENS] if pad % PAD_REQ_TOKENS else [])
-        # the attention's buffers hold min(max_reqs, size) requests, and its work list as many blocks more than
-        # the tokens fill (kernel/triton_prefill.py: prefill_block_map_capacity)
+        # the attention's buffers hold min(max_reqs, size) requests (prefill_block_map_capacity)
         if len(batch.reqs) + len(lens) > min(self.max_reqs, size):
             return
         batch.padded_reqs += [self._pad_req(n) for n in lens]

@@ -1,8 +1,6 @@
 """Batched sampling: every request has its own temperature / top-k / top-p, all handled in one call.
 
-Stage 4 adds the production API's fields (``sampling/``): logit bias, penalties and a grammar mask on the logits,
-min-p beside top-k / top-p, and logprobs of the raw logits. Each costs nothing to a batch where no request uses it.
-"""
+Stage 4 adds the API's fields (``sampling/``), free for a batch where no request uses them."""
 
 from __future__ import annotations
 
@@ -62,8 +60,7 @@ def make_device_tensor(data: List, dtype: torch.dtype, device: torch.device) -> 
 
 
 def filter_probs(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Zero everything outside each row's top-k, then outside its nucleus (the smallest set of most likely tokens
-    whose mass reaches top_p, computed on the top-k-renormalised distribution), and renormalise."""
+    """Zero everything outside each row's top-k, then outside its top-p nucleus (of the top-k), and renormalise."""
     if top_k is None and top_p is None:
         return probs
     sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
@@ -78,20 +75,13 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.T
     return filtered / filtered.sum(-1, keepdim=True)
 
 
-def sample_impl(
-    logits: torch.Tensor,
-    temperatures: torch.Tensor,
-    top_k: torch.Tensor | None,
-    top_p: torch.Tensor | None,
-    generator: torch.Generator | None = None,
-    seeds: List[int | None] | None = None,
-    min_p: torch.Tensor | None = None,
-) -> torch.Tensor:
+def sample_impl(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None,
+                top_p: torch.Tensor | None, generator: torch.Generator | None = None,
+                seeds: List[int | None] | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
     greedy = temperatures < GREEDY_TEMPERATURE
     # Upstream gives greedy requests temperature 1e-6, which is greedy only up to near-ties; we take the argmax.
     temps = torch.where(greedy, torch.ones_like(temperatures), temperatures)
-    # A temperature beyond float32's range is inf, and a grammar-masked logit over it NaN (-inf / inf); at 1e30
-    # every finite logit divides to 0 already, so capping changes nothing else.
+    # beyond float32's range a temperature is inf, and a masked logit over it NaN; at 1e30 finite logits give 0 anyway
     temps = temps.clamp(max=MAX_TEMPERATURE)
     probs = torch.softmax(logits.float() / temps[:, None], dim=-1)
     if min_p is not None:  # before top-k / top-p, as vLLM
@@ -106,8 +96,7 @@ def sample_impl(
 
 
 def seeded_uniform(seed: int) -> float:
-    """A uniform number in [0, 1) from a 64-bit seed: splitmix64's finaliser (a bijection that mixes every input
-    bit into every output bit), top 53 bits as a double. Pure integer arithmetic: the same on every device."""
+    """A uniform in [0, 1) from a 64-bit seed (splitmix64's finaliser, top 53 bits): the same on every device."""
     mask = (1 << 64) - 1
     z = (seed + 0x9E3779B97F4A7C15) & mask
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
@@ -117,11 +106,8 @@ def seeded_uniform(seed: int) -> float:
 
 
 def draw_by_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row of ``probs`` [bs, V] (rows need not sum to 1): the first token whose cumulative mass exceeds
-    ``uniforms`` [bs] (in [0, 1)) times the row's total, which draws token i with probability p_i / sum(p). A token of
-    zero probability adds no mass, so it is never drawn. The whole batch in one cumulative sum and one search, not a
-    generator and a multinomial call per seeded request. The sum runs in float64: fp32 over 152k entries would shift
-    the boundaries of the smallest probabilities."""
+    """One token per row of ``probs`` [bs, V] (rows need not sum to 1): the first whose cumulative mass exceeds
+    ``uniforms`` [bs] times the row's total. float64: an fp32 sum over 152k entries shifts the smallest boundaries."""
     cdf = probs.to(torch.float64).cumsum(dim=-1)
     target = (uniforms * cdf[:, -1]).unsqueeze(1)
     drawn = torch.searchsorted(cdf, target, right=True).squeeze(1)
@@ -137,13 +123,11 @@ class Sampler:
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        # structured output: plugged in by the scheduler, which owns the tokenizer the grammars need
-        self.grammar: GrammarBackend | None = None
+        self.grammar: GrammarBackend | None = None  # plugged in by the scheduler (it owns the tokenizer)
         self.eos_token_id = -1  # set by the scheduler (min_tokens holds EOS back); -1: none
 
     def prepare(self, batch: Batch, token_pool: torch.Tensor | None = None) -> BatchSamplingArgs:
-        """The batch's sampling tensors. ``token_pool`` (the scheduler's token ids per request slot) is needed by
-        penalties and prompt logprobs only."""
+        """The batch's sampling tensors. ``token_pool``: read by penalties and prompt logprobs only."""
         grammar_on = self.grammar is not None and self.grammar.active
         if not grammar_on and all(map(_SAMPLES_PLAIN_GREEDY, batch.reqs)):
             return BatchSamplingArgs(temperatures=None)  # the common case, in one pass over the batch
@@ -177,8 +161,7 @@ class Sampler:
         grammar_on = grammar is not None and grammar.active
         if not grammar_on and not any(req.sampling_params.uses_api_fields for req in batch.reqs):
             return  # a plain batch (the common case): none of the passes below would find anything
-        # A chunk of a prompt (can_decode is False before its forward) samples a token nobody reads: it gets no
-        # bias, penalty, mask or logprob.
+        # a prompt's chunk (can_decode False) samples a token nobody reads: no bias, penalty, mask or logprob
         sampled = [(i, req) for i, req in enumerate(batch.reqs) if req.can_decode]
         bias = [(i, tid, b) for i, req in sampled for tid, b in req.sampling_params.logit_bias]
         bias += [(i, tid, -math.inf) for i, req in sampled if req.sampling_params.min_tokens
@@ -201,10 +184,8 @@ class Sampler:
             args.token_pool = token_pool
 
     def _stops_held_back(self, req: Req) -> List[int]:
-        """The stop tokens this step may not sample for ``req`` (min_tokens: it would be an output token no later
-        than the min_tokens-th): its EOS unless ignored, and its stop_token_ids within the vocabulary (one beyond it
-        is never sampled, and would index past the logits). The step samples output token
-        ``device_len - prompt_len + 1``."""
+        """The stop tokens min_tokens holds back this step: EOS unless ignored, and stop_token_ids in the vocabulary.
+        The step samples output token ``device_len - prompt_len + 1``."""
         params = req.sampling_params
         if req.device_len - req.prompt_len >= params.min_tokens:
             return []
@@ -236,9 +217,8 @@ class Sampler:
         return args
 
     def _add_prompt_rows(self, batch: Batch, args: LogprobArgs) -> None:
-        """Echo: every prompt token after the first gets the logprob the row before it predicts. A chunk's rows all
-        predict prompt tokens (its last row the next chunk's first); a final chunk's last row predicts the first
-        output token, whose logprob is the sampled token's."""
+        """Echo: each prompt token after the first gets the logprob its previous row predicts (a final chunk's last
+        row predicts the first output token: the sampled token's logprob)."""
         flat_rows: List[torch.Tensor] = []
         pool_rows: List[int] = []
         positions: List[torch.Tensor] = []
@@ -261,8 +241,7 @@ class Sampler:
             args.prompt_segments = segments
 
     def fill_grammar_mask(self, args: BatchSamplingArgs) -> None:
-        """The grammar rows' masks from their matchers as they are now, just before sampling (the engine calls it
-        after the forward is launched and the scheduler has caught up with the previous step)."""
+        """The grammar rows' masks from their matchers, just before sampling (after the previous step's catch-up)."""
         grammar = self.grammar
         if args.grammar_uids is not None and grammar is not None:
             args.grammar_bitmask = grammar.device_bitmask(args.grammar_uids, self.device)
@@ -271,9 +250,8 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs,
                greedy_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """The batch's next tokens. ``greedy_tokens``: the argmax of these logits computed with them (the CUDA
-        graph's), taken for an all-greedy batch whose logits nothing changes (a copy: the next replay overwrites
-        them)."""
+        """The batch's next tokens. ``greedy_tokens``: the graph's argmax, used (copied: the next replay overwrites
+        it) for an all-greedy batch whose logits nothing changes."""
         if args.temperatures is None and not args.processes_logits and greedy_tokens is not None:
             return greedy_tokens.clone()
         if args.processes_logits:
@@ -290,14 +268,8 @@ class Sampler:
             return greedy_argmax(logits)
         return sample_impl(logits, args.temperatures, args.top_k, args.top_p, self.generator, args.seeds, args.min_p)
 
-    def logprobs(
-        self,
-        logits: torch.Tensor,
-        next_tokens: torch.Tensor,
-        args: BatchSamplingArgs,
-        batch: Batch,
-        compute_logits: Callable[[torch.Tensor], torch.Tensor],
-    ) -> BatchLogprobs | None:
+    def logprobs(self, logits: torch.Tensor, next_tokens: torch.Tensor, args: BatchSamplingArgs, batch: Batch,
+                 compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> BatchLogprobs | None:
         """Logprobs of the raw logits for the requests that asked (None if none did)."""
         if args.logprobs is None:
             return None

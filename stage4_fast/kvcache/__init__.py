@@ -43,20 +43,8 @@ def create_prefix_cache(device: torch.device, type: str, page_size: int = 1) -> 
 
 
 __all__ = [
-    "BaseCacheHandle",
-    "BaseKVCachePool",
-    "BasePrefixCache",
-    "InsertResult",
-    "KV_CACHE_DTYPES",
-    "KV_CACHE_DTYPE_CHOICES",
-    "MHAKVCache",
-    "MatchResult",
-    "NaivePrefixCache",
-    "RadixPrefixCache",
-    "SUPPORTED_CACHE_MANAGER",
-    "SizeInfo",
-    "create_kvcache_pool",
-    "create_prefix_cache",
-    "kv_cache_dtype_name",
+    "BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "InsertResult", "KV_CACHE_DTYPES",
+    "KV_CACHE_DTYPE_CHOICES", "MHAKVCache", "MatchResult", "NaivePrefixCache", "RadixPrefixCache",
+    "SUPPORTED_CACHE_MANAGER", "SizeInfo", "create_kvcache_pool", "create_prefix_cache", "kv_cache_dtype_name",
     "resolve_kv_cache_dtype",
 ]

@@ -27,8 +27,7 @@ class BaseKVCachePool(ABC):
     def dtype(self) -> torch.dtype:
         """What the pool stores (``--kv-cache-dtype``)."""
 
-    # what the model hands to store_kv and the attention computes in (the model's dtype)
-    compute_dtype: torch.dtype
+    compute_dtype: torch.dtype  # what store_kv takes and the attention computes in (the model's dtype)
     # per-layer scales of an fp8 pool: stored = value / scale (1.0 unless the checkpoint carries scales)
     k_scales: List[float]
     v_scales: List[float]
@@ -48,9 +47,7 @@ class BaseCacheHandle(ABC):
     def get_matched_indices(self) -> torch.Tensor: ...
 
 
-# --- prefix caches (stage 2) -------------------------------------------------------------------------------------
-# A prefix cache owns the KV slots of prompts that finished (or are running) so that a later request with the same
-# prefix skips recomputing them. It hands out handles; a handle must be locked while a request uses its slots.
+# --- prefix caches (stage 2): KV slots of earlier prompts, handed out as handles locked while in use ------------
 
 
 class SizeInfo(NamedTuple):

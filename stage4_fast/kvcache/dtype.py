@@ -8,14 +8,9 @@ import torch
 
 from ..kernel.ref import is_fp8
 
-# "auto" stores K/V in the model's dtype. fp8_e4m3 (3 mantissa bits, largest 448) is the usual choice for KV;
-# fp8_e5m2 trades a mantissa bit for range (largest 57344). vLLM also spells e4m3 "fp8".
-KV_CACHE_DTYPES: Dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
+# "auto" is the model's dtype; fp8_e4m3 (largest 448) is the usual KV choice, fp8_e5m2 trades a mantissa bit for range
+KV_CACHE_DTYPES: Dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                                           "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 KV_CACHE_DTYPE_CHOICES = ("auto", *KV_CACHE_DTYPES)
 
 

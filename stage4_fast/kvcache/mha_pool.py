@@ -12,42 +12,25 @@ from .base import BaseKVCachePool
 
 
 class MHAKVCache(BaseKVCachePool):
-    """One preallocated buffer [2 (k/v), layers, pages, page_size, kv_heads, head_dim].
-
-    A token slot is page * page_size + offset. The caller passes num_pages including the engine's extra dummy
-    page (the last one), which padding requests read and write.
-
-    ``dtype`` is what the buffer stores (``--kv-cache-dtype``); ``compute_dtype`` is what the model hands in and
-    the attention reads back (the model's dtype, by default the same). An fp8 pool stores ``k / k_scale`` and
-    ``v / v_scale`` with one pair of scales per layer (``k_scales`` / ``v_scales``, 1.0 unless the checkpoint
-    carries them); readers multiply back.
+    """One preallocated buffer [2 (k/v), layers, pages, page_size, kv_heads, head_dim]; slot = page * page_size +
+    offset. num_pages includes the engine's dummy page (the last one), which padding requests read and write.
+    ``dtype`` is what it stores, ``compute_dtype`` what the model hands in; an fp8 pool stores ``k / k_scale`` and
+    ``v / v_scale`` (per-layer scales), and readers multiply back.
     """
 
-    def __init__(
-        self,
-        num_kv_heads: int,
-        num_layers: int,
-        head_dim: int,
-        num_pages: int,
-        page_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        compute_dtype: torch.dtype | None = None,
-    ):
+    def __init__(self, num_kv_heads: int, num_layers: int, head_dim: int, num_pages: int, page_size: int,
+                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype | None = None):
         self.num_kv_heads = div_even(num_kv_heads, get_tp_info().size, allow_replicate=True)
         self.head_dim = head_dim
         self.num_pages = num_pages
         self.page_size = page_size
         self.compute_dtype = dtype if compute_dtype is None else compute_dtype
-        # empty, not zeros: a large CPU allocation then only costs memory for the pages actually written. Slots are
-        # only read after being written, except the dummy page, which is zeroed so padded reads stay finite.
-        self._kv_buffer = torch.empty(
-            2, num_layers, num_pages, page_size, self.num_kv_heads, head_dim, dtype=dtype, device=device
-        )
+        # empty: on CPU only written pages cost memory; the dummy page is zeroed so padded reads stay finite
+        self._kv_buffer = torch.empty(2, num_layers, num_pages, page_size, self.num_kv_heads, head_dim, dtype=dtype,
+                                      device=device)
         self._zero(self._kv_buffer[:, :, -1])
         if self._kv_buffer.is_cuda:
-            # GPU kernels may load whole pages (FlashAttention 4 reads a page's unused rows; a NaN there would turn
-            # a zero weight into NaN), and a memset of the pool costs milliseconds there
+            # kernels may read a page's unused rows (FlashAttention 4): a NaN there would poison a zero weight
             self._zero(self._kv_buffer)
         # per-layer [num_slots, heads, dim] views, built once (store_kv runs every layer of every step)
         self._k_slots = [self._kv_buffer[0, i].view(-1, self.num_kv_heads, head_dim) for i in range(num_layers)]

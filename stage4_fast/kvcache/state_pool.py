@@ -1,17 +1,6 @@
-"""Per-request recurrent state of a hybrid model's linear-attention layers (Qwen3.5's gated DeltaNet).
-
-A full-attention layer keeps one K/V row per token, so a request's KV grows with its length and lives in pages. A
-linear-attention layer keeps a fixed-size state per request instead: the last K-1 inputs of its causal conv
-(``conv_state``) and the delta-rule memory S (``ssm_state``, [v_heads, Dk, Dv]). Both are rewritten in place every
-step, which is why they cannot be paged or shared between requests the way KV pages are.
-
-Slots: one per request slot (page-table row), plus the dummy request's row at the end (padding rows of a CUDA-graph
-batch read and write it). The request slot *is* the state slot, so it is allocated and freed with it, under the
-scheduler's rule that a slot is released only after every batch that used it has completed. A first prefill
-(``cached_len == 0``) starts from zeros instead of reading the slot, so nothing is cleared on allocation.
-
-The delta-rule state is kept in fp32 whatever the model dtype, as HF and FLA do: it accumulates over the whole
-sequence and bf16 rounding would drift.
+"""Per-request state of a hybrid model's linear-attention layers: the last K-1 conv inputs (``conv_state``) and the
+delta-rule memory (``ssm_state``, fp32 as HF and FLA: bf16 would drift), rewritten in place every step, so neither
+paged nor shared. One slot per request slot plus the dummy's; a first prefill starts from zeros.
 """
 
 from __future__ import annotations

@@ -19,17 +19,13 @@ from ..utils import int_tensor
 from ..utils.hf import tp_split_problem
 from .tp import join_followers, start_followers, tp_config_fields
 
-# Offline, nobody waits on a prefill step, so on a large GPU the offline LLM takes prefill steps twice the server's
-# (--max-num-batched-tokens 8192), as vLLM's LLM class does (16,384 against its server's 8,192 on GPUs of 70 GiB
-# and more other than the A100: vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults): half as many steps, so
-# half as many host launch loops for a device that could run them faster than the host launches them.
+# offline nobody waits on a prefill step: on a large GPU, steps twice the server's (as vLLM's LLM class)
 OFFLINE_PREFILL_TOKENS_LARGE_GPU = 16384
 LARGE_GPU_BYTES = 70 * (1 << 30)
 
 
 def offline_prefill_tokens() -> int:
-    """The offline LLM's default prefill tokens per step: 16,384 on a CUDA GPU of >= 70 GiB that is not an A100
-    (where vLLM measured larger steps to lose), else the scheduler's default."""
+    """16,384 on a CUDA GPU of >= 70 GiB other than an A100 (where larger steps lose), else the scheduler's default."""
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if props.total_memory >= LARGE_GPU_BYTES and "a100" not in props.name.lower():
@@ -58,18 +54,15 @@ Prompt = str | Sequence[int]
 
 class LLM(Scheduler):
     def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, tp: int = 1, **kwargs) -> None:
-        # any EngineConfig / SchedulerConfig field may be passed (page_size, cache_type, max_extend_tokens, ...);
-        # tp > 1 runs ranks 1..tp-1 in processes of their own (stage 4)
+        # kwargs: any EngineConfig / SchedulerConfig field; tp > 1 runs ranks 1..tp-1 in processes of their own
         if tp > 1 and (why := tp_split_problem(model_path, tp)):
             raise ValueError(f"tp={tp}: {why}")
         if kwargs.get("nnodes", 1) != 1:
             raise ValueError("the offline LLM runs on one machine; several machines: the server's --nnodes")
         kwargs.setdefault("max_extend_tokens", offline_prefill_tokens())
         kwargs.setdefault("decode_between_chunks", False)  # nobody reads tokens as they come (scheduler/config.py)
-        config = SchedulerConfig(
-            model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype, offline_mode=True,
-            **tp_config_fields(tp), **kwargs
-        )
+        config = SchedulerConfig(model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype, offline_mode=True,
+                                 **tp_config_fields(tp), **kwargs)
         self._followers = start_followers(config) if tp > 1 else []
         super().__init__(config)
         self.pending_requests: Deque[Tuple[Prompt, SamplingParams]] = deque()
@@ -123,14 +116,10 @@ class LLM(Scheduler):
             if msg.finished and self._pbar is not None:
                 self._pbar.update(1)
 
-    def generate(
-        self,
-        prompts: Sequence[str] | Sequence[Sequence[int]],
-        sampling_params: Sequence[SamplingParams] | SamplingParams,
-        use_tqdm: bool = True,
-    ) -> List[Dict[str, Any]]:
-        """One result per prompt, in order: {"text", "token_ids"} (plus "error" for a rejected prompt; stage 4:
-        "logprobs" and, with echo, "prompt_logprobs", as ``TokenLogprobs``, when the request asked)."""
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
+                 sampling_params: Sequence[SamplingParams] | SamplingParams,
+                 use_tqdm: bool = True) -> List[Dict[str, Any]]:
+        """One result per prompt, in order: {"text", "token_ids"}, plus "error", "logprobs", "prompt_logprobs"."""
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
@@ -161,8 +150,7 @@ class LLM(Scheduler):
         return results
 
     def _decode_outputs(self, n: int) -> List[str]:
-        """Every output's text, in one tokenizer call per skip_special_tokens setting (a fast tokenizer decodes a
-        batch in parallel, where one call per output runs one by one)."""
+        """Every output's text, one (parallel) tokenizer call per skip_special_tokens setting."""
         texts = [""] * n
         if self.tokenizer is None:
             return texts

@@ -1,10 +1,5 @@
-"""Tensor parallelism for the offline `LLM`: this process is rank 0; ranks 1..tp-1 are scheduler processes of
-their own, started here, which take every step's messages from rank 0's broadcast exactly as under the server
-(`scheduler/io.py`). They stop when rank 0 broadcasts an `ExitMsg` (`LLM.shutdown`).
-
-The ranks start with multiprocessing's "spawn", which re-imports the main script in each new process. A script that
-creates the `LLM` outside `if __name__ == "__main__":` therefore kills its own ranks during that re-import, and rank 0
-would wait out the process-group timeout; each rank reports back once it is running, so such a start fails at once.
+"""Tensor parallelism for the offline `LLM`: ranks 1..tp-1 are spawned scheduler processes reading rank 0's broadcast
+(`scheduler/io.py`); each reports back once running, so a script creating the `LLM` outside `__main__` fails at once.
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ _counter = itertools.count()
 
 
 def tp_config_fields(tp: int) -> dict:
-    """Fields that let this LLM's ranks find each other: a free rendezvous port and its own ipc:// addresses (two
-    LLMs of one process must not share them)."""
+    """A free rendezvous port and ipc:// addresses of this LLM's own (two LLMs of a process must not share them)."""
     if tp == 1:
         return {}
     return dict(_distributed_addr=f"tcp://127.0.0.1:{find_free_port()}",
@@ -56,8 +50,7 @@ def _follower(config: Any, started: mp.connection.Connection) -> None:
 
 
 def start_followers(config: Any) -> List[mp.process.BaseProcess]:
-    """Ranks 1..tp-1 (normal-mode schedulers reading rank 0's broadcast); start them before rank 0's engine: the
-    ranks build their engines together (the process group forms during construction)."""
+    """Ranks 1..tp-1, started before rank 0's engine (the process group forms while the engines are built)."""
     ctx = mp.get_context("spawn")
     procs, pipes = [], []
     size = config.tp_info.size
@@ -77,14 +70,11 @@ def start_followers(config: Any) -> List[mp.process.BaseProcess]:
     return procs
 
 
-def _wait_started(procs: List[mp.process.BaseProcess], pipes: List[mp.connection.Connection],
-                  timeout_s: float) -> None:
-    """Wait until every rank runs its target; a rank that exits first fails the start now, not after the process
-    group's timeout. (A rank still importing after timeout_s is left to the process group's own timeout.)"""
+def _wait_started(procs: List[mp.process.BaseProcess], pipes: List[mp.connection.Connection], timeout_s: float) -> None:
+    """Wait until every rank runs; a rank that exits first fails the start now, not at the process group's timeout."""
     deadline = time.monotonic() + timeout_s
     for rank, (proc, pipe) in enumerate(zip(procs, pipes), start=1):
         with pipe:
-            # readable means a message, or end-of-file once the rank exited (it held the only write end)
             if not mp.connection.wait([pipe], timeout=max(0.0, deadline - time.monotonic())):
                 return
             try:

@@ -1,5 +1,5 @@
-"""A request's production API fields on the scheduler's side: the checks on admission that the API server cannot
-make, and the logprobs of the sampled tokens and of an echoed prompt (collected chunk by chunk)."""
+"""The API fields on the scheduler's side: admission checks the API server cannot make, and the logprobs of the sampled
+tokens and of an echoed prompt (collected chunk by chunk)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ class ApiFieldsMixin:
         raise NotImplementedError
 
     def _check_api_fields(self, msg: UserMsg) -> str | None:
-        """The production API's fields: what the API server cannot check (logit_bias ids against the vocabulary),
-        and its bounds again for the offline LLM's callers."""
+        """logit_bias ids against the vocabulary, and the API's bounds again for the offline LLM's callers."""
         params, vocab_size = msg.sampling_params, self.engine.config.model_config.vocab_size
         if any(not 0 <= int(tid) < vocab_size for tid, _ in params.logit_bias):
             return f"logit_bias token ids must be in [0, {vocab_size})"
@@ -59,8 +58,7 @@ class ApiFieldsMixin:
         return out
 
     def _echoed_prompt(self, req: Req) -> TokenLogprobs:
-        """The prompt's ids for echo, with the logprobs its chunks collected when logprobs were asked (the first
-        token's is None: nothing predicts it)."""
+        """The prompt's ids for echo, with its chunks' logprobs if asked (the first token's is None)."""
         ids = req.input_ids.tolist()
         acc = self._prompt_logprobs.pop(req.uid, None)
         if not req.sampling_params.wants_prompt_logprobs:

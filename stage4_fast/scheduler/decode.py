@@ -10,18 +10,14 @@ class DecodeManager:
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        # An insertion-ordered dict used as a set (upstream: a set, iterated in memory-address order), so the
-        # order of requests in a decode batch is the same on every run.
+        # an ordered dict as a set (upstream: a set in address order): the same decode batch order every run
         self.running_reqs: Dict[Req, None] = {}
-        # bumped whenever the running set changes; a decode batch remembers the version it was made from
-        self._version = 0
+        self._version = 0  # bumped whenever the running set changes; a decode batch remembers its own
         self._batch_version = -1
 
     def filter_reqs(self, reqs: Iterable[Req], length_finished: Sequence[bool] | None = None) -> None:
-        """After a launch: add the batch's requests, and drop every request that has produced its last token.
-        ``length_finished``, for a decode batch: whether each request's token of this batch is its last, which the
-        scheduler has already asked of every request; while the running set is still the one the batch was made of
-        (the same requests in the same order), the set is kept from it."""
+        """After a launch: add the batch's requests, drop those that produced their last token. ``length_finished``
+        (a decode batch's, per request): used directly while the running set is still the batch's."""
         self._version += 1
         if length_finished is not None and self._batch_version == self._version - 1:
             self.running_reqs = dict.fromkeys(r for r, done in zip(reqs, length_finished) if not done)
@@ -45,13 +41,11 @@ class DecodeManager:
 
     @property
     def inflight_tokens(self) -> int:
-        """KV tokens the running requests may still claim (page rounding included): new admissions must leave
-        them free, since a running request is never preempted."""
+        """KV tokens the running requests may still claim (page rounding included): admission leaves them free."""
         return sum(req.remain_len + self.page_size - 1 for req in self.running_reqs)
 
     def join(self, batch: Batch) -> None:
-        """Mixed chunks: append the running requests to a prefill batch (after its prefills) for their decode
-        step."""
+        """Mixed chunks: append the running requests to a prefill batch for their decode step."""
         batch.reqs.extend(self.running_reqs)
         batch.decode_reqs = len(self.running_reqs)
 

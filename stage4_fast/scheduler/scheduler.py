@@ -1,21 +1,10 @@
-"""The per-rank control loop: admit requests, form a batch, run it, hand out the tokens, free what finished.
+"""The per-rank control loop: admit requests, form a batch (prefill or decode), run it, hand out tokens, free.
 
-Continuous batching: every step is either a prefill batch (new requests, or the next chunk of a long prompt) or a
-decode batch of every running request; requests join and leave between any two steps.
-
-Overlap scheduling (`overlap_loop`, the default): the CPU prepares and launches batch N+1 *before* it looks at batch
-N's results. The sampled tokens of N travel device to device through `token_pool`, so N+1 can be launched without
-them; the host learns them one step later. On a GPU the forward runs on the engine stream while the CPU does the
-bookkeeping. On CPU the forward is synchronous, so nothing actually overlaps: the loop keeps the same order (and
-the same correctness obligations) and costs one extra step of latency per request; `normal_loop` (switch off with
-MINISGL_DISABLE_OVERLAP_SCHEDULING=1 or `overlap_scheduling=False`) processes each batch right after its forward.
-
-Being one step behind is where upstream's races come from (stage2_scheduled/README.md, "Upstream defects
-fixed here", 1-4). The fixes:
-* results are judged by state snapshotted when their batch was launched, not by the request's current state (1);
-* a request that finished or was aborted is marked, and later results for it are dropped (2, 4);
-* a finished or aborted request keeps its slot and pages until every batch launched so far has completed, so
-  nothing still in flight can see them handed to someone else (3, 4); an abort never frees anything itself.
+Overlap scheduling (`overlap_loop`, the default) launches batch N+1 before processing batch N's results: N's tokens
+reach N+1 device to device through `token_pool`. `normal_loop` (MINISGL_DISABLE_OVERLAP_SCHEDULING=1) processes each
+batch right after its forward. Being one step behind causes upstream's races (stage2_scheduled/README.md, defects
+1-4). The fixes: results are judged by state snapshotted at launch (1); results for a finished or aborted request
+are dropped (2, 4); its slot and pages are released only once every batch launched so far has completed (3, 4).
 """
 
 from __future__ import annotations
@@ -77,8 +66,7 @@ class ForwardData(NamedTuple):
 
     fwd_input: ForwardInput
     fwd_output: ForwardOutput
-    # Fix of upstream bug 1: whether each request's token of THIS batch is its last, taken at launch. Upstream
-    # reads req.can_decode while processing, after the next batch has advanced the request again.
+    # Fix of upstream bug 1: whether each request's token of THIS batch is its last, taken at launch
     length_finished: Sequence[bool]
     batch_id: int  # launch order, to know when a released request's last batch has completed
 
@@ -136,7 +124,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
             logger.warning("MINISGL_STEP_LOG logs the overlap loop only; with overlap scheduling off it stays empty")
         super().__init__(config, self.engine.tp_cpu_group)
 
-    # -- messages --------------------------------------------------------------------------------------------
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
         if isinstance(msg, BatchBackendMsg):
             for m in msg.data:
@@ -153,8 +140,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
             raise TypeError(f"unknown message {msg!r}")
 
     def _add_user_req(self, msg: UserMsg) -> None:
-        # Upstream bug 6: an over-long prompt is only logged and dropped (its client waits forever). Every request
-        # the scheduler cannot serve gets an error reply instead.
+        # Upstream bug 6: an over-long prompt is dropped silently; here every unservable request gets an error reply
         input_len, max_seq_len = len(msg.input_ids), self.engine.max_seq_len
         max_tokens = msg.sampling_params.max_tokens
         error = None
@@ -192,9 +178,8 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self.prefill_manager.add_one_req(msg)
 
     def _abort_req(self, uid: int) -> None:
-        # Fix of upstream bug 4: upstream frees an aborted request right here, although the batch in flight may
-        # still hold it (its prefill is then cached a second time: double free, a lock never released). Here the
-        # request is only taken out of scheduling; _finish_req defers the release, and its results are dropped.
+        # Fix of upstream bug 4: upstream frees it here while the batch in flight may hold it (double free);
+        # _finish_req defers the release and its results are dropped.
         if self.prefill_manager.has_req(uid):
             req = self.prefill_manager.abort_req(uid)  # its chunk in progress, if one was admitted
         elif (req := self.decode_manager.abort_req(uid)) is None:
@@ -206,16 +191,13 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self._forget_api_state(uid)
         self.send_result(self.stream_out.release({uid}) + [DetokenizeMsg(uid, -1, True, "aborted", "abort")])
 
-    # -- release ---------------------------------------------------------------------------------------------
     def _finish_req(self, req: Req) -> None:
         """Take a finished or aborted request out of scheduling; release its slot and pages later."""
         self.decode_manager.remove_req(req)
         self.prefill_manager.prefix_cached(req.uid)  # nobody waits for its prefix any more
         self._forget_api_state(req.uid)
         self.finished_reqs.add(req)
-        # Fix of upstream bug 3: the batch launched last may still use this request's slot (its sampled token is
-        # written into token_pool[slot]) and pages. Release once that batch has completed; until then neither the
-        # slot nor the pages can be handed to a new request.
+        # Fix of upstream bug 3: the batch launched last may still write its slot and pages: release after it
         self._release_queue.append((self._launched_id, req))
         self._release_done()
 
@@ -237,7 +219,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         """Fix of upstream bugs 2 and 4: a result that arrives after its request finished or was aborted."""
         return req in self.finished_reqs
 
-    # -- batches ---------------------------------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
         batch = None
         decoding = self.decode_manager.runnable
@@ -246,9 +227,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
             # the running requests ride along, their one token each out of the prefill budget
             if (batch := self.prefill_manager.schedule_next_batch(budget)) is not None:
                 self.decode_manager.join(batch)
-        # Prefill first, as upstream and SGLang, except right after a step that was one long prompt's chunk alone
-        # while requests decode: then chunks and decode steps alternate (config.decode_between_chunks), so running
-        # requests keep producing tokens. A prompt merely cut at the end of a full step goes on with the next ones.
+        # Prefill first, as upstream, except after a long prompt's lone chunk while requests decode
         elif not (self._last_was_lone_chunk and decoding and self.config.decode_between_chunks):
             batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
         if batch is None:
@@ -276,16 +255,14 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         return ForwardInput(batch, self.engine.sampler.prepare(batch, self.token_pool), input_tuple, write_tuple)
 
     def _forward(self, fwd_input: ForwardInput, catch_up: ForwardData | None = None) -> ForwardData:
-        """Launch the batch. ``catch_up``: the previous batch, processed after this one's forward is launched and
-        before its sampling — a grammar's mask needs the previous token accepted by its matcher, and so the host
-        does that work while the device runs the forward instead of before launching it."""
+        """Launch the batch. ``catch_up``: the previous batch, processed once this forward is launched and before
+        its sampling (a grammar's mask needs the previous token accepted)."""
         batch, sample_args, input_tuple, write_tuple = fwd_input
         batch.input_ids = self.token_pool[input_tuple]
         length_finished: Sequence[bool] = ()
 
         def before_sampling() -> None:
-            # launched: it counts as in flight before the previous batch's results release any slot or page; which
-            # requests took their last token is asked once, for the running set and for processing the results
+            # launched: in flight before the previous batch's results release any slot or page
             nonlocal length_finished
             length_finished = self._length_finished(batch)
             self.decode_manager.filter_reqs(batch.reqs, length_finished if batch.is_decode else None)
@@ -317,8 +294,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         tokens = tokens_cpu.tolist()
         token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
         reply: List[BaseTokenizerMsg] = []
-        # a token with nothing else to report goes into three columns, not a message of its own (TokenColumnsMsg);
-        # with a stream interval, tokens are messages (StreamInterval holds them by uid)
+        # a plain token goes into TokenColumnsMsg's columns, not a message of its own (unless a stream interval)
         columns = TokenColumnsMsg([], [], [])
         plain_uid, plain_token = columns.uids.append, columns.tokens.append
         plain_skip = columns.skip_special_tokens.append
@@ -338,7 +314,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
                              self._echoed_prompt(req) if params.echo else None)
                 req.append_host(token)
                 stopped = (token == eos and not params.ignore_eos) or token in params.stop_token_ids
-                # a grammar that is complete ends the request like EOS
                 if has_grammar and grammar.has(req.uid):
                     stopped |= grammar.accept(req.uid, token)
                 finished = stopped or length_finished[i]
@@ -368,9 +343,8 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
             self.send_result(out)
 
     def _reject_stuck_head(self) -> None:
-        """Called when nothing runs, nothing is in flight and yet no prefill could be formed: the head request can
-        never be admitted. Admission rules make this unreachable; if it happens anyway, answer the request with an
-        error instead of spinning forever (upstream bug 6)."""
+        """Nothing runs or is in flight, yet no prefill forms: answer the head request with an error instead of
+        spinning forever (upstream bug 6; admission rules make this unreachable)."""
         pending = self.prefill_manager.pending_list[0]
         self.prefill_manager.abort_req(pending.uid)
         logger.error("request %d can never be scheduled; rejecting it", pending.uid)
@@ -378,7 +352,6 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self._forget_api_state(pending.uid)
         self.send_result([DetokenizeMsg(pending.uid, -1, True, "request can never be scheduled", "error")])
 
-    # -- loops -----------------------------------------------------------------------------------------------
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
         """One step: launch batch N+1, then process batch N (`last_data`). Returns N+1."""
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
@@ -443,25 +416,20 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
                 "page_size": self.config.page_size, "vocab_size": self.engine.config.model_config.vocab_size}
 
     def stats(self) -> Dict[str, Any]:
-        """The pool, the prefix cache and the queues, for operators and tests (GET /v1/stats). At rest:
-        free_pages + evictable_pages == num_pages, and nothing is locked, running or pending."""
+        """GET /v1/stats. At rest: free_pages + evictable_pages == num_pages, nothing locked, running or pending."""
         cm, ps = self.cache_manager, self.cache_manager.page_size
         size = cm.prefix_cache.size_info
         return {
-            "num_pages": cm.num_pages,
-            "page_size": ps,
-            "free_pages": len(cm.free_slots),
+            "num_pages": cm.num_pages, "page_size": ps, "free_pages": len(cm.free_slots),
             "evictable_pages": size.evictable_size // ps,  # cached prefixes nobody uses: reclaimable
             "protected_tokens": size.protected_size,  # cached prefixes locked by running requests
-            "locked_nodes": cm.prefix_cache.num_locked_nodes,
-            "cache_type": self.config.cache_type,
+            "locked_nodes": cm.prefix_cache.num_locked_nodes, "cache_type": self.config.cache_type,
             "running_reqs": len(self.decode_manager.running_reqs),
             "pending_reqs": len(self.prefill_manager.pending_list),
             "releasing_reqs": len(self._release_queue),  # finished, resources freed once their batch completed
             "aborted_reqs": self.num_aborted,
             "prefill_tokens": self.num_prefill_tokens,  # prompt tokens computed so far (not served by the cache)
-            "free_req_slots": self.table_manager.available_size,
-            "max_running_req": self.config.max_running_req,
+            "free_req_slots": self.table_manager.available_size, "max_running_req": self.config.max_running_req,
             "max_seq_len": self.engine.max_seq_len,
         }
 
@@ -487,8 +455,7 @@ def _try_load_tokenizer(model_path: str) -> PreTrainedTokenizerBase | None:
 
 
 def _eos_token_id(tokenizer: PreTrainedTokenizerBase | None, hf_config: PretrainedConfig) -> int:
-    # the model's own config first (upstream asks the tokenizer; both agree on real checkpoints, but transformers
-    # hands out an empty tokenizer with a made-up EOS for a directory that has none)
+    # the model's config first: transformers makes up an EOS for a directory without a tokenizer
     eos = getattr(hf_config, "eos_token_id", None)
     eos = eos[0] if isinstance(eos, (list, tuple)) else eos
     if eos is None and tokenizer is not None:

@@ -1,14 +1,5 @@
-"""A line per scheduler loop, for finding where a run's time goes: ``MINISGL_STEP_LOG=FILE`` (rank 0 of the
-overlap loop, the default one).
-
-Each line is a JSON object: when the loop began (``time.perf_counter``, one clock for a machine's processes), the
-batch it launched (``"prefill"``, ``"decode"`` or null; its requests and input tokens), the host's milliseconds in
-each part of the loop (receiving messages, idle waits included; scheduling; launching the forward; processing the
-previous batch's results) and, inside the last, how long it waited for the device; then the queues. A loop that
-never waits for the device is one where the host sets the pace.
-
-The lines are kept in memory and written when the scheduler goes idle, shuts down, or has run MAX_ROWS loops
-without going idle (so memory does not grow with the uptime).
+"""A JSON line per overlap loop on rank 0 (``MINISGL_STEP_LOG=FILE``): its start, batch, the host's milliseconds per
+part (receive, schedule, launch, process, device wait), the queues. Written when idle, at exit, or every MAX_ROWS.
 """
 
 from __future__ import annotations

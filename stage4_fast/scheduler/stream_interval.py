@@ -1,11 +1,6 @@
-"""SGLang's ``--stream-interval N``: a streaming request's tokens leave the scheduler every N steps instead of every
-step; its first token and its last leave at once (SGLang's ``stream_output``: the first output, a finished request,
-or a step count divisible by N; SGLang counts decode steps, this counter every processed step, prefill ones too).
-
-Every token still reaches the detokenizer, in order; what changes is how often the processes after the scheduler
-wake up for a request. Nothing is held for good: a request's last token takes what was held of it, and an abort
-takes it first (``release``). The API server merges a request's queued replies into one chunk, so with N > 1 it
-writes about N times fewer chunks (socket writes dominate its cost in a streaming burst).
+"""SGLang's ``--stream-interval N``: a request's tokens leave the scheduler every N processed steps (prefill ones
+too), its first and last at once. Every token still reaches the detokenizer, in order; an abort takes what was held
+first (``release``). The API server merges queued replies, so it writes about N times fewer chunks.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ class StreamInterval:
             out, self._held = self._held + reply, []
             return out
         self._held += reply
-        # a request's first token (it reports the prompt) and its last leave at once, with what was held before them
         return self.release({m.uid for m in reply if m.finished or m.prompt_tokens})
 
     def release(self, uids: Collection[int]) -> List[DetokenizeMsg]:

@@ -23,8 +23,7 @@ class PendingReq:
     input_ids: torch.Tensor  # host, 1-D int32: the whole prompt
     sampling_params: SamplingParams
     chunked_req: ChunkedReq | None = None  # the chunk in progress, once admitted
-    # read several times per request by every admission pass; len() of a tensor is slow Python
-    input_len: int = field(init=False)
+    input_len: int = field(init=False)  # read by every admission pass; len() of a tensor is slow
 
     def __post_init__(self) -> None:
         self.input_len = self.input_ids.shape[0]
@@ -36,8 +35,7 @@ class PendingReq:
 
 def run_indices(rows: Sequence[int] | np.ndarray, firsts: Sequence[int] | np.ndarray,
                 counts: Sequence[int] | np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(row, column) of every element of some runs, run i being columns [firsts[i], firsts[i] + counts[i]) of row
-    rows[i]: int64 host tensors, built in numpy as one arange shifted per run (not one arange per run)."""
+    """(row, column) int64 host tensors of every element of runs: row rows[i], columns firsts[i] + [0, counts[i])."""
     counts = np.asarray(counts, dtype=np.int64)
     row_idx = np.repeat(np.asarray(rows, dtype=np.int64), counts)
     shift = np.asarray(firsts, dtype=np.int64) - (np.cumsum(counts) - counts)
@@ -46,9 +44,7 @@ def run_indices(rows: Sequence[int] | np.ndarray, firsts: Sequence[int] | np.nda
 
 
 def scatter_runs(target: torch.Tensor, runs: Sequence[Tuple[int, int, torch.Tensor]]) -> None:
-    """``target[row, first : first + len(values)] = values`` for every (row, first, values) run, as one copy of the
-    indices and one scatter: a slice assignment per run costs a GPU a launch each (and a host copy each for host
-    values), and a prefill batch writes a run for each of its requests."""
+    """``target[row, first : first + len(values)] = values`` for every run, as one index copy and one scatter."""
     if not runs:
         return
     rows, firsts, values = zip(*runs)
@@ -60,17 +56,15 @@ def scatter_runs(target: torch.Tensor, runs: Sequence[Tuple[int, int, torch.Tens
 
 
 def _input_index(lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(row, position) of every input token in the token pool (host, int64): a decode step's are the requests'
-    rows and cached lengths; a prefill's run from each request's cached length to its device length."""
+    """(row, position) of every input token in the token pool (host, int64)."""
     if lens.is_decode:  # (a decode batch extends every request by one)
         return lens.table_idx.to(torch.int64), lens.cached_lens.to(torch.int64)
     return run_indices(lens.table_idx.numpy(), lens.cached_lens.numpy(), lens.seqlens_q.numpy())
 
 
 def _write_rows_and_cols(batch: Batch, lens: SeqLens) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Where each request's sampled token goes in the token pool (host). The sampled token's position is device_len
-    before the forward. A chunk's token is junk: it goes to the last column of its own row, which is never read
-    before the request overwrites it (as upstream)."""
+    """Where each request's sampled token goes in the token pool (host): position device_len before the forward; a
+    chunk's junk token goes to its row's last column, overwritten before it is read (as upstream)."""
     n = batch.size
     rows = lens.table_idx[:n].to(torch.int64)
     if batch.is_decode:  # every request of a decode batch can decode (the running set keeps no other)
@@ -81,8 +75,7 @@ def _write_rows_and_cols(batch: Batch, lens: SeqLens) -> Tuple[torch.Tensor, tor
 
 def make_index_tuples(batch: Batch, lens: SeqLens, device: torch.device
                         ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
-    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its input ids from and writes
-    its sampled tokens to. The four host index rows go to the device in one copy (each copy costs the host a
-    pinned buffer and a launch, and at one stream the host's loop sets the pace)."""
+    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its inputs from and writes its
+    sampled tokens to, sent to the device in one copy."""
     index = to_device_packed([*_input_index(lens), *_write_rows_and_cols(batch, lens)], device)
     return (index[0], index[1]), (index[2], index[3])
