@@ -222,7 +222,9 @@ SERVER_FLAGS = {  # option -> CLI flag of `python -m <stage>`
     "stream_interval": "--stream-interval", "api_server_count": "--api-server-count",  # (stage4 only)
 }
 SERVER_SWITCHES = {"enable_mixed_chunk": "--enable-mixed-chunk"}  # option -> flag given when the option is true
-SERVER_OFF_SWITCHES = {"prefill_cuda_graph": "--disable-prefill-cuda-graph"}  # ... given when it is false
+SERVER_OFF_SWITCHES = {  # ... given when it is false
+    "prefill_cuda_graph": "--disable-prefill-cuda-graph", "overlap_scheduling": "--disable-overlap-schedule",
+}
 
 
 def _free_port() -> int:
@@ -257,10 +259,7 @@ def launch_server(stage: str, model: str, log_path: Path, dtype: str, timeout_s:
     cmd = [sys.executable, "-m", stage, "--model", model, "--port", str(port), "--dtype", dtype]
     env = dict(os.environ)
     for key, value in options.items():
-        if key == "overlap_scheduling":
-            if not value:
-                env["MINISGL_DISABLE_OVERLAP_SCHEDULING"] = "1"
-        elif key in SERVER_FLAGS:
+        if key in SERVER_FLAGS:
             cmd += [SERVER_FLAGS[key], str(value)]
         elif key in SERVER_SWITCHES:
             cmd += [SERVER_SWITCHES[key]] if value else []

@@ -82,7 +82,8 @@ def ablation_rows(results: dict) -> list[dict]:
 
     _radix_and_chunked_rows(results, a, out, fail)
 
-    def throughput(name: str, key_off: str, key_on: str, task: str, lab_off: str, lab_on: str) -> None:
+    def throughput(name: str, key_off: str, key_on: str, task: str, lab_off: str, lab_on: str,
+                   unit: str = "out tok/s") -> None:
         if fail(name, key_off, key_on):
             return
         x, y = _task(results, key_off, task), _task(results, key_on, task)
@@ -92,9 +93,9 @@ def ablation_rows(results: dict) -> list[dict]:
         if (model := results["jobs"][key_off]["result"].get("model")) and model != results["meta"]["model"]:
             workload += f"; model {model}"
         out.append({"name": name, "stage": results["jobs"][key_off]["stage"], "workload": workload,
-                    "off": f"{lab_off}: {x['tok_s']:,.1f} out tok/s", "on": f"{lab_on}: {y['tok_s']:,.1f} out tok/s",
+                    "off": f"{lab_off}: {x['tok_s']:,.1f} {unit}", "on": f"{lab_on}: {y['tok_s']:,.1f} {unit}",
                     "effect": f"{y['tok_s'] / x['tok_s']:.2f}×",
-                    "plot": [("output tok/s", x["tok_s"], y["tok_s"], lab_off, lab_on)]})
+                    "plot": [(unit.replace("out ", "output "), x["tok_s"], y["tok_s"], lab_off, lab_on)]})
 
     throughput("overlap scheduling", "abl:overlap:off", "abl:overlap:on", "offline", "off", "on")
     throughput("page size", "abl:page:1", "abl:page:16", "offline", "page 1", "page 16")
@@ -105,6 +106,9 @@ def ablation_rows(results: dict) -> list[dict]:
         x, y = _task(results, "abl:graph:off", "decode"), _task(results, "abl:graph:on", "decode")
         if x and y:
             out[-1]["effect"] += f"; single-stream decode {x['tok_s']:,.0f} → {y['tok_s']:,.0f} tok/s"
+    if "abl:graph:prefill-off" in results["jobs"]:
+        throughput("prefill CUDA graph", "abl:graph:prefill-off", "abl:graph:prefill-on", "prefill", "eager",
+                   "graphs", unit="prefill tok/s")
     if "abl:attn:triton" in results["jobs"]:
         throughput("attention backend", "abl:attn:triton", "abl:attn:fi", "offline", "triton", "fi")
     if "abl:kv:auto" in results["jobs"]:

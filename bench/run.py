@@ -91,6 +91,9 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
                  Job("abl:graph:on", "stage4_fast", ["decode", "offline"],
                      {} if args.gpu else {"cuda_graph_max_bs": 16})]
         if args.gpu:
+            # one fresh long prompt to its first token, its prefill steps eager or replayed from CUDA graphs
+            jobs += [Job("abl:graph:prefill-off", "stage4_fast", ["prefill"], {"prefill_cuda_graph": False}),
+                     Job("abl:graph:prefill-on", "stage4_fast", ["prefill"], {})]
             # the GPU attention backends on the same workload: our Triton kernels vs FlashInfer (GPU only)
             jobs += [Job(f"abl:attn:{b}", "stage4_fast", ["offline"], {"attention_backend": b})
                      for b in ("triton", "fi")]

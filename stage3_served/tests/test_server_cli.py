@@ -31,6 +31,7 @@ def _parse(tiny_dir: Path, *flags: str):
     (["--max-num-batched-tokens", "256"], "max_extend_tokens", 256),
     (["--block-size", "16"], "page_size", 16),
     (["--disable-radix-cache"], "cache_type", "naive"),
+    (["--disable-overlap-schedule"], "overlap_scheduling", False),
     (["--cache", "naive"], "cache_type", "naive"),
     (["--load-format", "dummy"], "use_dummy_weight", True),
     (["--log-level", "debug"], "log_level", "debug"),

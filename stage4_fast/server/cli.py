@@ -195,6 +195,8 @@ def _add_scheduling_args(p: ServerArgumentParser) -> None:
                    help="radix = reuse the KV of shared prompt prefixes")
     g.add_argument("--disable-radix-cache", dest="cache_type", action="store_const", const="naive",
                    default=argparse.SUPPRESS, help="SGLang spelling of --cache-type naive")
+    g.add_argument("--disable-overlap-schedule", dest="overlap_scheduling", action="store_const", const=False,
+                   default=argparse.SUPPRESS, help="each batch's results before the next forward (SGLang's flag)")
     g.add_argument("--attention-backend", "--attn", dest="attention_backend", type=_attention_backend,
                    default="auto", metavar="NAME",
                    help=f"auto, one of {attn}, or PREFILL,DECODE (e.g. fa,fi); auto = triton on a GPU (fa,triton "

@@ -31,6 +31,7 @@ def _parse(tiny_dir: Path, *flags: str):
     (["--max-num-batched-tokens", "256"], "max_extend_tokens", 256),
     (["--block-size", "16"], "page_size", 16),
     (["--disable-radix-cache"], "cache_type", "naive"),
+    (["--disable-overlap-schedule"], "overlap_scheduling", False),
     (["--enable-mixed-chunk"], "enable_mixed_chunk", True),
     (["--cache", "naive"], "cache_type", "naive"),
     (["--disable-cuda-graph"], "cuda_graph_max_bs", 0),
