@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
+from unittest import mock
 
 import torch
 
@@ -38,9 +39,14 @@ def _params(max_tokens: int, stage: str = "4") -> Any:
     return lookup(f"sampling_params{stage}")(max_tokens=max_tokens, ignore_eos=True)
 
 
-def make_llm(model: str, **kwargs: Any) -> Any:
+def run_llm(model: str, prompts: List[str], params: Any, **kwargs: Any) -> None:
+    """One offline `generate` of stage4's LLM over the prompts (fp32 unless asked), shut down after it."""
     kwargs.setdefault("dtype", torch.float32)
-    return lookup("llm4")(model, **kwargs)
+    llm = lookup("llm4")(model, **kwargs)
+    try:
+        llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
 
 
 def _uids(reqs: Any) -> List[int]:
@@ -151,11 +157,8 @@ def record_continuous_batching(model: str, n_requests: int = 6, max_running: int
 
     params = [_params(3 + 2 * (i % 3)) for i in range(n_requests)]
     with wrapped(schedule4=after(on_schedule), forward_batch4=after(count_forward)):
-        llm = make_llm(model, max_running_req=max_running, max_extend_tokens=16, num_page_override=64)
-        try:
-            llm.generate(PROMPTS[:n_requests], params, use_tqdm=False)
-        finally:
-            llm.shutdown()
+        run_llm(model, PROMPTS[:n_requests], params, max_running_req=max_running, max_extend_tokens=16,
+                num_page_override=64)
     return Recording("continuous-batching", events,
                      {"forward_steps": forwards[0], "requests": n_requests, "max_running": max_running})
 
@@ -177,18 +180,8 @@ def record_overlap(model: str, n_requests: int = 3, max_tokens: int = 5) -> Reco
 
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "steps.jsonl"
-        env = "MINISGL_STEP_LOG"
-        old = os.environ.get(env)
-        os.environ[env] = str(log_path)
-        try:
-            with wrapped(forward_batch4=timed):
-                llm = make_llm(model, overlap_scheduling=True)
-                try:
-                    llm.generate(PROMPTS[:n_requests], _params(max_tokens), use_tqdm=False)
-                finally:
-                    llm.shutdown()
-        finally:
-            os.environ.pop(env) if old is None else os.environ.__setitem__(env, old)
+        with mock.patch.dict(os.environ, {"MINISGL_STEP_LOG": str(log_path)}), wrapped(forward_batch4=timed):
+            run_llm(model, PROMPTS[:n_requests], _params(max_tokens), overlap_scheduling=True)
         rows = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
     events = _merge_steps(rows, forwards)
     return Recording("overlap", events, {"forward_steps": len(forwards), "loops": len(rows)})
@@ -239,9 +232,5 @@ def record_cuda_graph(model: str, n_requests: int = 5, max_bs: int = 8) -> Recor
 
     params = [_params(2 + 2 * i) for i in range(n_requests)]
     with wrapped(graph_capture4=after(on_capture), graph_copy4=after(on_copy), graph_replay4=after(count_replay)):
-        llm = make_llm(model, cuda_graph_max_bs=max_bs)
-        try:
-            llm.generate(PROMPTS[:n_requests], params, use_tqdm=False)
-        finally:
-            llm.shutdown()
+        run_llm(model, PROMPTS[:n_requests], params, cuda_graph_max_bs=max_bs)
     return Recording("cuda-graph", events, {"replays": replays[0]})

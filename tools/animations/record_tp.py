@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from .hooks import lookup, patch, split
-from .record_engine import PROMPTS, Recording, _params, make_llm
+from .record_engine import PROMPTS, Recording, _params, run_llm
 
 LOG_DIR_ENV = "ANIMATE_TP_LOG_DIR"
 TARGETS = ("all_reduce4", "forward_batch4")
@@ -123,11 +123,7 @@ def record_tp(model: str, n_requests: int = 2, max_tokens: int = 3, tp: int | No
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), saved["PYTHONPATH"]) if p)
         undo = [patch(name, WRAPPERS[name]) for name in TARGETS]
         try:
-            llm = make_llm(model, tp=tp)
-            try:
-                llm.generate(PROMPTS[:n_requests], _params(max_tokens), use_tqdm=False)
-            finally:
-                llm.shutdown()
+            run_llm(model, PROMPTS[:n_requests], _params(max_tokens), tp=tp)
         finally:
             for restore in reversed(undo):
                 restore()
