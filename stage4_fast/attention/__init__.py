@@ -1,6 +1,5 @@
 """Attention backends (``torch`` reference, ``triton``, ``fi`` FlashInfer, ``fa`` FlashAttention 4) and the
-``--attn PREFILL[,DECODE]`` factory. GPU backends import their library only when built.
-"""
+``--attn PREFILL[,DECODE]`` factory. GPU backends import their library only when built."""
 
 from __future__ import annotations
 
@@ -21,29 +20,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _triton(config: ModelConfig) -> BaseAttnBackend:
-    from .triton import TritonBackend
-
-    return TritonBackend(config)
-
-
-def _fi(config: ModelConfig) -> BaseAttnBackend:
-    from .fi import FlashInferBackend
-
-    return FlashInferBackend(config)
-
-
-def _fa(config: ModelConfig) -> BaseAttnBackend:
-    from .fa import FlashAttentionBackend
-
-    return FlashAttentionBackend(config)
+def _lazy(module: str, name: str) -> Callable[[ModelConfig], BaseAttnBackend]:
+    return lambda config: getattr(importlib.import_module(f".{module}", __package__), name)(config)
 
 
 SUPPORTED_ATTENTION_BACKENDS: Registry[Callable[[ModelConfig], BaseAttnBackend]] = Registry("attention backend")
 SUPPORTED_ATTENTION_BACKENDS.register("torch")(TorchBackend)
-SUPPORTED_ATTENTION_BACKENDS.register("triton")(_triton)
-SUPPORTED_ATTENTION_BACKENDS.register("fi")(_fi)
-SUPPORTED_ATTENTION_BACKENDS.register("fa")(_fa)
+SUPPORTED_ATTENTION_BACKENDS.register("triton")(_lazy("triton", "TritonBackend"))
+SUPPORTED_ATTENTION_BACKENDS.register("fi")(_lazy("fi", "FlashInferBackend"))
+SUPPORTED_ATTENTION_BACKENDS.register("fa")(_lazy("fa", "FlashAttentionBackend"))
 
 
 def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
@@ -110,13 +95,5 @@ def create_attention_backend(backend: str, config: ModelConfig) -> BaseAttnBacke
     return HybridBackend(SUPPORTED_ATTENTION_BACKENDS[names[0]](config), SUPPORTED_ATTENTION_BACKENDS[names[1]](config))
 
 
-__all__ = [
-    "SUPPORTED_ATTENTION_BACKENDS",
-    "BaseAttnBackend",
-    "BaseAttnMetadata",
-    "HybridBackend",
-    "create_attention_backend",
-    "kv_cache_dtype_problem",
-    "resolve_auto_backend",
-    "validate_attn_backend",
-]
+__all__ = ["SUPPORTED_ATTENTION_BACKENDS", "BaseAttnBackend", "BaseAttnMetadata", "HybridBackend",
+           "create_attention_backend", "kv_cache_dtype_problem", "resolve_auto_backend", "validate_attn_backend"]

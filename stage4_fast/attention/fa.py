@@ -1,6 +1,5 @@
 """FlashAttention backend: ``flash_attn.cute.flash_attn_varlen_func`` (flash-attn-4; upstream uses FA3 through
-sgl-kernel) with ragged queries, ``seqused_k`` and a page table of page ids over [num_pages, page_size, kv_heads, D].
-"""
+sgl-kernel) with ragged queries, ``seqused_k`` and a page table of page ids over [num_pages, page_size, kv_heads, D]."""
 
 from __future__ import annotations
 
@@ -32,10 +31,6 @@ class FAMetadata(BaseAttnMetadata):
         return self.cu_seqlens_q[1 : 1 + bs] - 1
 
 
-class FACaptureData(BaseCaptureData):
-    pass
-
-
 def load_flash_attn_varlen_func() -> Callable[..., object]:
     from flash_attn.cute import flash_attn_varlen_func
 
@@ -51,7 +46,7 @@ class FlashAttentionBackend(BaseAttnBackend):
         self.page_size = ctx.page_size
         self.device = self.page_table.device
         self.scale = config.head_dim**-0.5
-        self.capture: FACaptureData | None = None
+        self.capture: BaseCaptureData | None = None
 
     def _page_rows(self, table_idx: torch.Tensor, width: int) -> torch.Tensor:
         """Each request's page-table row cut to ``width`` tokens, one entry per page, as page ids."""
@@ -83,9 +78,8 @@ class FlashAttentionBackend(BaseAttnBackend):
         )
         return result[0] if isinstance(result, tuple) else result  # (out, lse)
 
-    # ---- CUDA graph hooks (decode only) ----
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
-        self.capture = FACaptureData.create(max(bs_list), max_seq_len // self.page_size, self.device)
+        self.capture = BaseCaptureData.create(max(bs_list), max_seq_len // self.page_size, self.device)
 
     def prepare_for_capture(self, batch: Batch) -> None:
         cap = self.capture

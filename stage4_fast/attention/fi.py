@@ -1,6 +1,5 @@
 """FlashInfer backend (plan/run wrappers) over page size 1 views, as upstream. ``plan`` does host work, so it runs
-at the first layer's forward, after the previous plan's staging copy; graphs get one decode wrapper per batch size.
-"""
+at the first layer's forward, after the previous plan's staging copy; graphs get one decode wrapper per batch size."""
 
 from __future__ import annotations
 
@@ -32,11 +31,6 @@ class FIMetadata(BaseAttnMetadata):
     indices: torch.Tensor  # concatenated token slots of every request, device int32
     last_page_len_cpu: torch.Tensor  # all ones: page size 1
     seq_lens_cpu: torch.Tensor
-    num_qo_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype  # the queries' (the model's)
-    kv_dtype: torch.dtype  # the pool's: the model's, or fp8 (FlashInfer converts as it loads)
     wrapper: Any  # the decode wrapper for decode batches, the prefill wrapper otherwise
     is_decode: bool
     initialized: bool = False
@@ -91,18 +85,11 @@ class FlashInferBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
         lens = batch_seq_lens(batch)
-        batch.attn_metadata = self._metadata(
+        batch.attn_metadata = FIMetadata(
             lens.cu_seqlens_q, lens.cu_seqlens_k, upload(lens.cu_seqlens_q, self.device), self._kv_indices(lens),
             torch.ones(len(reqs), dtype=torch.int32), lens.seqlens_k,
             self.decode_wrapper if lens.is_decode else self.prefill_wrapper, lens.is_decode,
         )
-
-    def _metadata(self, cu_seqlens_q_cpu: torch.Tensor, cu_seqlens_k_cpu: torch.Tensor, cu_seqlens_q_gpu: torch.Tensor,
-                  indices: torch.Tensor, last_page_len_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, wrapper: Any,
-                  is_decode: bool) -> FIMetadata:
-        return FIMetadata(cu_seqlens_q_cpu, cu_seqlens_k_cpu, cu_seqlens_q_gpu, indices, last_page_len_cpu,
-                          seq_lens_cpu, self.qo_head_local, self.kv_head_local, self.head_dim,
-                          self.kv_cache.compute_dtype, self.kv_cache.dtype, wrapper, is_decode)
 
     def _kv_indices(self, lens: SeqLens) -> torch.Tensor:
         """Every request's token slots, concatenated, in a few device ops and no host sync."""
@@ -115,16 +102,17 @@ class FlashInferBackend(BaseAttnBackend):
 
     def _plan(self, meta: FIMetadata) -> None:
         self.last_event.synchronize()  # the previous plan's pinned staging copy has been consumed
-        common = dict(num_qo_heads=meta.num_qo_heads, num_kv_heads=meta.num_kv_heads, page_size=1,
-                      pos_encoding_mode="NONE", seq_lens=meta.seq_lens_cpu, q_data_type=meta.dtype,
-                      kv_data_type=meta.kv_dtype, non_blocking=True)
+        # kv_data_type: the pool's, the model's or fp8 (FlashInfer converts as it loads)
+        common = dict(num_qo_heads=self.qo_head_local, num_kv_heads=self.kv_head_local, page_size=1,
+                      pos_encoding_mode="NONE", seq_lens=meta.seq_lens_cpu, q_data_type=self.kv_cache.compute_dtype,
+                      kv_data_type=self.kv_cache.dtype, non_blocking=True)
         if meta.is_decode:
             meta.wrapper.plan(indptr=meta.cu_seqlens_k_cpu, indices=meta.indices, last_page_len=meta.last_page_len_cpu,
-                              head_dim=meta.head_dim, **common)
+                              head_dim=self.head_dim, **common)
         else:
             meta.wrapper.plan(
                 qo_indptr=meta.cu_seqlens_q_cpu, paged_kv_indptr=meta.cu_seqlens_k_cpu, paged_kv_indices=meta.indices,
-                paged_kv_last_page_len=meta.last_page_len_cpu, head_dim_qk=meta.head_dim, causal=True, **common)
+                paged_kv_last_page_len=meta.last_page_len_cpu, head_dim_qk=self.head_dim, causal=True, **common)
         if is_cuda(self.device):
             self.last_event = torch.cuda.Event()
             self.last_event.record()
@@ -143,7 +131,6 @@ class FlashInferBackend(BaseAttnBackend):
         return meta.wrapper.run(q=q, paged_kv_cache=(self._k[layer_id], self._v[layer_id]), k_scale=k_scale,
                                 v_scale=v_scale)
 
-    # ---- CUDA graph hooks (decode only) ----
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
         self.capture = FICaptureData.create(max(bs_list), max_seq_len, self.device)
 
@@ -163,7 +150,7 @@ class FlashInferBackend(BaseAttnBackend):
         # the capture batch is the dummy request at its zeroed page (slot 0 is not written yet at capture)
         cap.indices[:bs].copy_(self._kv_indices(batch_seq_lens(batch)))
         one_each = torch.arange(bs + 1, dtype=torch.int32)
-        meta = self._metadata(one_each, one_each, cap.cu_seqlens_q[: bs + 1], cap.indices[:bs],
+        meta = FIMetadata(one_each, one_each, cap.cu_seqlens_q[: bs + 1], cap.indices[:bs],
                               torch.ones(bs, dtype=torch.int32), torch.ones(bs, dtype=torch.int32),
                               self._graph_wrapper(bs), True)
         self._plan(meta)

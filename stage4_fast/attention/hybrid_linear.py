@@ -1,8 +1,7 @@
 """Hybrid-model attention backend: full-attention layers go to the wrapped backend, linear-attention layers
 (Qwen3.5's gated DeltaNet) run the causal conv and gated delta rule against the per-request state pool.
 No prefix reuse (a state cannot be rebuilt from KV pages), so hybrid models run with the naive prefix cache;
-``prepare_metadata`` checks each continuing request has exactly ``cached_len`` tokens in its state.
-"""
+``prepare_metadata`` checks each continuing request has exactly ``cached_len`` tokens in its state."""
 
 from __future__ import annotations
 
@@ -93,6 +92,7 @@ class HybridLinearAttnBackend(BaseAttnBackend):
         """mixed_qkv [T, conv_dim] (before the conv), g / beta [T, v_heads], conv_weight [conv_dim, K] ->
         [T, v_heads, Dv], updating each request's state in the pool."""
         meta: LinearAttnMetadata = batch.state_metadata
+        cfg = self.config
         conv_pool, ssm_pool = self.state_pool.conv_state(layer_id), self.state_pool.ssm_state(layer_id)
         if meta.is_decode:
             x, conv_new = gd.causal_conv1d_update(mixed_qkv, conv_weight, conv_pool[meta.slots])
@@ -100,14 +100,12 @@ class HybridLinearAttnBackend(BaseAttnBackend):
             if self.triton_decode:  # the state is updated in place in the pool, no gather/scatter copies
                 from ..kernel.triton_gated_delta import recurrent_gated_delta_rule_inplace
 
-                cfg = self.config
                 return recurrent_gated_delta_rule_inplace(x, g, beta, ssm_pool, meta.slots, cfg.num_k_heads,
                                                           cfg.head_k_dim)
             q, k, v = self._split(x)
             o, ssm_new = gd.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_pool[meta.slots])
             ssm_pool[meta.slots] = ssm_new
             return o.to(mixed_qkv.dtype)
-        cfg = self.config
         out = mixed_qkv.new_empty(mixed_qkv.shape[0], cfg.num_v_heads, cfg.head_v_dim)
         for seg in meta.segments or []:
             s, e = seg.start, seg.end

@@ -160,12 +160,9 @@ class TorchBackend(BaseAttnBackend):
             out_loc=batch.out_loc, last_indices=torch.arange(bs, device=self.page_table.device), is_decode=True,
             graph=TorchCaptureData(self.capture.table_idx[:bs], self.capture.seq_lens[:bs]))
         # the capture batch is the dummy request at its zeroed page (slot 0 is not written yet at capture)
-        self._fill_capture_rows(batch)
+        self.prepare_for_replay(batch)
 
     def prepare_for_replay(self, batch: Batch) -> None:
-        self._fill_capture_rows(batch)
-
-    def _fill_capture_rows(self, batch: Batch) -> None:
         assert self.capture is not None
         reqs = batch.padded_reqs
         bs = len(reqs)

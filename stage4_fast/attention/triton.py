@@ -1,7 +1,6 @@
 """Triton backend: the paged kernels of ``kernel/triton_attention.py`` and ``triton_prefill.py`` (a CPU runs them
 under Triton's interpreter). They read the page table through each request's row, so the metadata is three small
-vectors; captured graphs read them from fixed buffers.
-"""
+vectors; captured graphs read them from fixed buffers."""
 
 from __future__ import annotations
 
@@ -133,8 +132,7 @@ class TritonBackend(BaseAttnBackend):
         self._prefill_max_reqs = max_reqs
         capacity = self._prefill_capacity(num_tokens)
         buffers = to_device_packed([torch.zeros(max_reqs + 1, dtype=torch.int32),
-                                    torch.ones(max_reqs, dtype=torch.int32),
-                                    torch.zeros(max_reqs, dtype=torch.int32),
+                                    torch.ones(max_reqs, dtype=torch.int32), torch.zeros(max_reqs, dtype=torch.int32),
                                     torch.zeros(1 + 2 * capacity, dtype=torch.int32)], self.device)
         self.prefill_capture = TritonPrefillCaptureData(*buffers)
 
@@ -147,27 +145,21 @@ class TritonBackend(BaseAttnBackend):
         graph) and read from them."""
         cap = self.prefill_capture
         assert cap is not None, "init_prefill_capture first"
-        meta = self._copy_prefill_metadata(cap, batch)
+        self.prepare_for_prefill_replay(batch)
         capacity = self._prefill_capacity(batch.input_ids.shape[0])
-        batch.attn_metadata = TritonMetadata(
-            cu_seqlens_q=cap.cu_seqlens_q, seq_lens=cap.seq_lens, table_idx=cap.table_idx,
-            max_seqlen_q=meta.max_seqlen_q, block_map=cap.block_map[: 1 + 2 * capacity],
-        )
+        batch.attn_metadata = TritonMetadata(cu_seqlens_q=cap.cu_seqlens_q, seq_lens=cap.seq_lens,
+                                             table_idx=cap.table_idx, max_seqlen_q=batch.attn_metadata.max_seqlen_q,
+                                             block_map=cap.block_map[: 1 + 2 * capacity])
 
     def prepare_for_prefill_replay(self, batch: Batch) -> None:
-        assert self.prefill_capture is not None
-        self._copy_prefill_metadata(self.prefill_capture, batch)
-
-    @staticmethod
-    def _copy_prefill_metadata(cap: TritonPrefillCaptureData, batch: Batch) -> TritonMetadata:
+        cap = self.prefill_capture
+        assert cap is not None
         meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
         assert meta.block_map is not None
         for buffer, part in ((cap.cu_seqlens_q, meta.cu_seqlens_q), (cap.seq_lens, meta.seq_lens),
                              (cap.table_idx, meta.table_idx), (cap.block_map, meta.block_map)):
             buffer[: part.shape[0]].copy_(part)
-        return meta
 
-    # ---- CUDA graph hooks (decode only) ----
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
         max_bs = max(bs_list)
         i32 = dict(dtype=torch.int32, device=self.device)

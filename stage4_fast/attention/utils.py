@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -31,11 +31,7 @@ class SeqLens:
         return self.max_seqlen_q == 1
 
 
-_TABLE_IDX, _CACHED_LEN, _DEVICE_LEN = (attrgetter(name) for name in ("table_idx", "cached_len", "device_len"))
-
-
-def _column(reqs: Sequence[Req], getter: Callable[[Req], int]) -> np.ndarray:
-    return np.fromiter(map(getter, reqs), np.int32, len(reqs))
+_COLUMNS = [attrgetter(name) for name in ("table_idx", "cached_len", "device_len")]
 
 
 def _prefix_sums(lengths: np.ndarray) -> torch.Tensor:
@@ -46,14 +42,13 @@ def _prefix_sums(lengths: np.ndarray) -> torch.Tensor:
 
 def make_seq_lens(reqs: Sequence[Req]) -> SeqLens:
     """The lengths of ``reqs`` now: one C-level pass per column, the rest in numpy (every request, every step)."""
-    table_idx, cached, seqlens_k = (_column(reqs, getter) for getter in (_TABLE_IDX, _CACHED_LEN, _DEVICE_LEN))
+    table_idx, cached, seqlens_k = (np.fromiter(map(get, reqs), np.int32, len(reqs)) for get in _COLUMNS)
     seqlens_q = seqlens_k - cached
-    return SeqLens(
-        seqlens_q=torch.from_numpy(seqlens_q), seqlens_k=torch.from_numpy(seqlens_k),
-        cu_seqlens_q=_prefix_sums(seqlens_q), cu_seqlens_k=_prefix_sums(seqlens_k),
-        table_idx=torch.from_numpy(table_idx), cached_lens=torch.from_numpy(cached),
-        max_seqlen_q=int(seqlens_q.max()) if len(reqs) else 0, max_seqlen_k=int(seqlens_k.max()) if len(reqs) else 0,
-    )
+    return SeqLens(seqlens_q=torch.from_numpy(seqlens_q), seqlens_k=torch.from_numpy(seqlens_k),
+                   cu_seqlens_q=_prefix_sums(seqlens_q), cu_seqlens_k=_prefix_sums(seqlens_k),
+                   table_idx=torch.from_numpy(table_idx), cached_lens=torch.from_numpy(cached),
+                   max_seqlen_q=int(seqlens_q.max()) if len(reqs) else 0,
+                   max_seqlen_k=int(seqlens_k.max()) if len(reqs) else 0)
 
 
 def batch_seq_lens(batch: Batch) -> SeqLens:
@@ -79,9 +74,7 @@ class BaseCaptureData:
         def i32(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.int32, device=device)
 
-        return cls(
-            seq_lens=torch.ones(max_bs, dtype=torch.int32, device=device), positions=i32(max_bs),
-            cu_seqlens_k=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
-            cu_seqlens_q=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
-            page_table=i32(max_bs, max_seq_len), **kwargs,
-        )
+        return cls(seq_lens=torch.ones(max_bs, dtype=torch.int32, device=device), positions=i32(max_bs),
+                   cu_seqlens_k=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
+                   cu_seqlens_q=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
+                   page_table=i32(max_bs, max_seq_len), **kwargs)

@@ -1,6 +1,5 @@
-"""Custom kernels. ``store_cache`` and ``indexing`` run JIT-built CUDA on a GPU and the torch reference
-elsewhere; the Triton kernels (attention, fused MoE) live in their own modules so importing this package never
-needs Triton."""
+"""Custom kernels. ``store_cache`` and ``indexing`` run JIT-built CUDA on a GPU and the torch reference elsewhere;
+the Triton kernels (attention, fused MoE) live in their own modules so importing this package never needs Triton."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ state S [heads, Dk, Dv] does: S <- exp(g) S; u = beta (v - S^T k); S <- S + k u^
 The chunked form (G_i: cumulative log decay in the chunk, S: the state entering it) solves the unit
 lower-triangular system u_i = beta_i (v_i - e^{G_i} S^T k_i - sum_{j<i} e^{G_i-G_j} (k_i . k_j) u_j) for all chunks
 at once; then o_i = e^{G_i} S^T q_i + sum_{j<=i} e^{G_i-G_j} (q_i . k_j) u_j and
-S_next = e^{G_C} S + sum_j e^{G_C-G_j} k_j u_j^T cost two small matmuls per chunk.
-"""
+S_next = e^{G_C} S + sum_j e^{G_C-G_j} k_j u_j^T cost two small matmuls per chunk."""
 
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor,
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor,
                          conv_state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Decode: x [B, C] one token per request, conv_state [B, C, K-1]. Returns (silu(conv) [B, C], new state)."""
-    B, C = x.shape
     window = torch.cat([conv_state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, K]
     return F.silu((window * weight).sum(dim=-1)), window[:, :, 1:]
 
@@ -56,9 +54,8 @@ def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> Tuple[tor
     return q, k
 
 
-def recurrent_gated_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor]:
+def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                               state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """One token per request. q/k [B, Hk, Dk], v [B, Hv, Dv], g/beta [B, Hv], state [B, Hv, Dk, Dv] (fp32).
     Returns (o [B, Hv, Dv] fp32, new state)."""
     q, k = _prepare_qk(q, k, v.shape[-2])

@@ -1,6 +1,5 @@
 """JIT build of the CUDA kernels (``csrc/``) with torch's extension loader (upstream: tvm-ffi), once per process;
-a failed build is reported once and callers fall back to the torch reference.
-"""
+a failed build is reported once and callers fall back to the torch reference."""
 
 from __future__ import annotations
 
@@ -25,14 +24,10 @@ def load_cuda_kernels() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        return load(
-            name=MODULE_NAME,
-            sources=[str(CSRC / "binding.cpp"), *(str(CSRC / f) for f in CUDA_SOURCES)],
-            extra_cflags=["-O3", "-std=c++17"],
-            extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr"],
-            extra_include_paths=[str(CSRC)],
-            verbose=False,
-        )
+        return load(name=MODULE_NAME, sources=[str(CSRC / "binding.cpp"), *(str(CSRC / f) for f in CUDA_SOURCES)],
+                    extra_cflags=["-O3", "-std=c++17"],
+                    extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr"],
+                    extra_include_paths=[str(CSRC)], verbose=False)
     except Exception as e:  # no nvcc/ninja, or a compile error: the torch reference still works
         logger.warning("CUDA kernels could not be built (%s); using the torch reference", e)
         return None

@@ -1,8 +1,7 @@
 """Programmatic dependent launch (PDL, sm_90+) for the Triton kernels: a kernel may start while the one before it
 runs, reading only what no running kernel writes (weights) until ``pdl_wait``; right after its wait it lets the
 next one launch, so at most two kernels overlap. After a kernel that never signals (cuBLAS, torch) the stream
-order is unchanged. Off under Triton's interpreter.
-"""
+order is unchanged. Off under Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -24,10 +23,6 @@ def pdl_wait(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-_OFF: Tuple[bool, Dict[str, Any]] = (False, {})
-_ON: Tuple[bool, Dict[str, Any]] = (True, {"launch_pdl": True})
-
-
 def _capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
@@ -39,6 +34,5 @@ def _enabled(device_index: int) -> bool:
 
 def pdl_launch(device: torch.device) -> Tuple[bool, Dict[str, Any]]:
     """(the kernels' PDL flag, the extra launch options) for a launch on ``device``."""
-    if device.type != "cuda":
-        return _OFF
-    return _ON if _enabled(device.index if device.index is not None else torch.cuda.current_device()) else _OFF
+    on = device.type == "cuda" and _enabled(device.index if device.index is not None else torch.cuda.current_device())
+    return (True, {"launch_pdl": True}) if on else (False, {})

@@ -2,8 +2,7 @@
 
 Edges out of kernels launched without PDL move to the launch-order port, so the next kernel launches while the
 GEMM runs; its ``griddepcontrol.wait`` still waits for the GEMM's writes, so the bits are unchanged. Rewired
-through libcuda via ctypes (CUDA 12.3+); otherwise the graph stays as captured.
-"""
+through libcuda via ctypes (CUDA 12.3+); otherwise the graph stays as captured."""
 
 from __future__ import annotations
 
@@ -112,6 +111,4 @@ def move_edges_to_launch_order(graph) -> int:
     if edges is None:
         return 0
     chosen = [edges[i] for i in edges_to_launch_order(edges)]
-    if not replace_edges(graph, chosen, PORT_LAUNCH_ORDER, DEPENDENCY_PROGRAMMATIC):
-        return 0
-    return len(chosen)
+    return len(chosen) if replace_edges(graph, chosen, PORT_LAUNCH_ORDER, DEPENDENCY_PROGRAMMATIC) else 0

@@ -59,10 +59,7 @@ def indexing_ref(weights: torch.Tensor, indices: torch.Tensor, output: torch.Ten
         local = indices.long() - start
         inside = (local >= 0) & (local < length)
         result = weights[local.clamp(0, max(length - 1, 0))] * inside.unsqueeze(1).to(weights.dtype)
-    if output is None:
-        return result
-    output.copy_(result)
-    return output
+    return result if output is None else output.copy_(result)
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,

@@ -1,7 +1,6 @@
 """Argmax over 16-bit GPU logits as int32, ``torch.argmax``'s answer (first index of the largest; the first NaN
 wins). PyTorch walks each row with one program; here programs read chunks side by side, then a small kernel picks
-each row's winner among its chunks.
-"""
+each row's winner among its chunks."""
 
 from __future__ import annotations
 

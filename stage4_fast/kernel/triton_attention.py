@@ -1,8 +1,7 @@
 """Triton paged attention reading K/V through ``page_table[table_idx[b], pos]``. Decode grid (batch, kv_head,
 split): a program owns one KV head's query heads and one slice of the sequence; a second kernel merges slices by
 log-sum-exp. fp8 K/V convert in registers (K scale in the softmax scale, V scale on the output); fp32 dots use IEEE
-precision so fp32 runs match HF.
-"""
+precision so fp32 runs match HF."""
 
 from __future__ import annotations
 
@@ -32,11 +31,9 @@ def _fp16_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
 
 
 @triton.jit
-def _attend_key_block(
-    q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION: tl.constexpr,
-    MASKED: tl.constexpr, D_PADDED: tl.constexpr,
-):
+def _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask, stride_kt,
+                      stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION: tl.constexpr,
+                      MASKED: tl.constexpr, D_PADDED: tl.constexpr):
     """Fold keys at ``pos`` into the base-2 online softmax (``sm_scale`` includes log2(e)) of rows ``q``.
     ``visible`` [rows, keys] masks scores. MASKED=False: every key is in range and visible (no predicated loads).
     D_PADDED: head_dim is not a power of two, so padding columns stay masked (they would read garbage, and a NaN
@@ -79,14 +76,12 @@ _DECODE_UNSPECIALISED = ["num_splits"]
 
 
 @triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
-def _decode_split_kernel(
-    Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, sm_scale, v_scale, num_splits,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr,
-):
+def _decode_split_kernel(Q, K, V, PageTable, TableIdx, SeqLens, MidO, MidLse, Out, stride_qb, stride_qh, stride_kt,
+                         stride_kh, stride_vt, stride_vh, stride_pt, stride_mob, stride_moh, stride_mos, stride_mlb,
+                         stride_mlh, stride_ob, stride_oh, sm_scale, v_scale, num_splits, GROUP: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
+                         WHOLE_BLOCKS: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -111,32 +106,26 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    if WHOLE_BLOCKS:  # the split's whole blocks unmasked, then its partial last block (see decode_whole_blocks)
+    if WHOLE_BLOCKS:  # the split's whole blocks unmasked, then its partial last block (see DECODE_WHOLE_BLOCKS_FP8)
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
         for n0 in range(start, full_end, BLOCK_N):
             pos = n0 + offs_n
-            acc, m_i, l_i = _attend_key_block(
-                q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
-                stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False,
-                BLOCK_D != HEAD_DIM,
-            )
+            acc, m_i, l_i = _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d,
+                                              d_mask, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale,
+                                              DOT_PRECISION, False, BLOCK_D != HEAD_DIM)
         if full_end < end:
             pos = full_end + offs_n
             n_mask = pos < end
-            acc, m_i, l_i = _attend_key_block(
-                q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
-                stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
-                BLOCK_D != HEAD_DIM,
-            )
+            acc, m_i, l_i = _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :],
+                                              kv_head, offs_d, d_mask, stride_kt, stride_kh, stride_vt, stride_vh,
+                                              stride_pt, sm_scale, DOT_PRECISION, True, BLOCK_D != HEAD_DIM)
     else:  # every block masked
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             n_mask = pos < end
-            acc, m_i, l_i = _attend_key_block(
-                q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :], kv_head, offs_d, d_mask,
-                stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True,
-                BLOCK_D != HEAD_DIM,
-            )
+            acc, m_i, l_i = _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, n_mask[None, :],
+                                              kv_head, offs_d, d_mask, stride_kt, stride_kh, stride_vt, stride_vh,
+                                              stride_pt, sm_scale, DOT_PRECISION, True, BLOCK_D != HEAD_DIM)
 
     out_mask = h_mask[:, None] & d_mask[None, :]
     acc = acc * v_scale  # the V scale of an fp8 pool (1.0 otherwise); merging the splits is linear in it
@@ -154,10 +143,9 @@ def _decode_split_kernel(
 
 
 @triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
-def _decode_combine_kernel(
-    MidO, MidLse, Out, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, num_splits,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
-):
+def _decode_combine_kernel(MidO, MidLse, Out, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob,
+                           stride_oh, num_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           PDL: tl.constexpr):
     pdl_wait(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -200,14 +188,6 @@ DECODE_WHOLE_BLOCKS_FP8 = True
 DECODE_WHOLE_BLOCKS_16BIT = False
 
 
-def decode_whole_blocks(kv_dtype: torch.dtype) -> bool:
-    return DECODE_WHOLE_BLOCKS_FP8 if kv_dtype.itemsize == 1 else DECODE_WHOLE_BLOCKS_16BIT
-
-
-def decode_max_registers(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> int | None:
-    return DECODE_MAXNREG_FP8 if kv_dtype.itemsize == 1 and q_dtype != torch.float32 else None
-
-
 # Over an fp8 pool a GPU decodes with csrc/decode_fp8.cu (no 8x head padding) where it applies: sm_89+, head_dim
 # 128, group <= 8. Its tiles per warp in shared memory (2-4): one computes while cp.async fills the others.
 DECODE_FP8_CUDA_STAGES = 2
@@ -242,11 +222,8 @@ def _has_fp8_conversions(device_index: int) -> bool:
 def cuda_fp8_decode_applies(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int,
                             device: torch.device) -> bool:
     """Whether a decode with these shapes takes the CUDA fp8 kernel (see DECODE_FP8_CUDA_STAGES)."""
-    if _interpreting() or device.type != "cuda" or kv_dtype.itemsize != 1:
-        return False
-    if q_dtype not in (torch.float16, torch.bfloat16) or head_dim != 128 or group > 8:
-        return False
-    if not _has_fp8_conversions(_device_index(device)):
+    if (_interpreting() or device.type != "cuda" or kv_dtype.itemsize != 1 or head_dim != 128 or group > 8
+            or q_dtype not in (torch.float16, torch.bfloat16) or not _has_fp8_conversions(_device_index(device))):
         return False
     module = load_cuda_kernels()
     return module is not None and hasattr(module, "decode_fp8")
@@ -259,21 +236,12 @@ def cuda_fp8_decode_module(q: torch.Tensor, k_cache: torch.Tensor, page_table: t
     return load_cuda_kernels()
 
 
-def decode_launch(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int, int]:
-    if q_dtype == torch.float32:
-        return DECODE_LAUNCH_FP32
-    if kv_dtype.itemsize == 1:
-        return DECODE_LAUNCH_FP8
-    return DECODE_LAUNCH_16BIT
-
-
-def decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-    table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
-    out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None,
-    block_n: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0, cuda_stages: int | None = None,
-    cuda_heads_first: bool | None = None, cuda_warps: int | None = None,
-) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     table_idx: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, num_splits: int,
+                     out: torch.Tensor | None = None, mid_o: torch.Tensor | None = None,
+                     mid_lse: torch.Tensor | None = None, block_n: int | None = None, k_scale: float = 1.0,
+                     v_scale: float = 1.0, cuda_stages: int | None = None, cuda_heads_first: bool | None = None,
+                     cuda_warps: int | None = None) -> torch.Tensor:
     """q [B, Hq, D]; k/v_cache [slots, Hkv, D] (fp8: x k/v_scale); page_table [rows, width], table_idx / seq_lens
     [B] int32; mid_o [B', Hq, S', D] / mid_lse [B', Hq, S'] fp32 scratch. block_n forces the Triton kernel."""
     batch, num_qo_heads, head_dim = q.shape
@@ -287,12 +255,13 @@ def decode_attention(
     cuda = None if block_n else cuda_fp8_decode_module(q, k_cache, page_table)
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))
-    default_block_n, num_warps, num_stages = decode_launch(q.dtype, k_cache.dtype)
+    fp8 = k_cache.dtype.itemsize == 1
+    default_block_n, num_warps, num_stages = (DECODE_LAUNCH_FP32 if q.dtype == torch.float32 else
+                                              DECODE_LAUNCH_FP8 if fp8 else DECODE_LAUNCH_16BIT)
     block_n = 16 if _interpreting() else (block_n or default_block_n)
     launch = {} if _interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
-    cap = decode_max_registers(q.dtype, k_cache.dtype)
-    if cap and not _interpreting():
-        launch["maxnreg"] = cap
+    if fp8 and q.dtype != torch.float32 and DECODE_MAXNREG_FP8 and not _interpreting():
+        launch["maxnreg"] = DECODE_MAXNREG_FP8
     pdl, pdl_options = pdl_launch(q.device)
     direct = num_splits == 1
     if not direct:
@@ -307,11 +276,10 @@ def decode_attention(
     mo_strides = (mo.stride(0), mo.stride(1), mo.stride(2)) if not direct else (0, 0, 0)
     ml_strides = (ml.stride(0), ml.stride(1)) if not direct else (0, 0)
     if cuda is not None:
-        cuda.decode_fp8(q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
-                        sm_scale * k_scale * LOG2E, v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
+        cuda.decode_fp8(q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out, sm_scale * k_scale * LOG2E,
+                        v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,
                         DECODE_FP8_CUDA_HEADS_FIRST if cuda_heads_first is None else cuda_heads_first,
-                        cuda_warps or cuda_fp8_decode_warps(batch * num_kv_heads * num_splits,
-                                                            _num_sms(q.device)), pdl)
+                        cuda_warps or cuda_fp8_decode_warps(batch * num_kv_heads * num_splits, _num_sms(q.device)), pdl)
     else:
         _decode_split_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out,
@@ -319,8 +287,8 @@ def decode_attention(
             page_table.stride(0), *mo_strides, *ml_strides, out.stride(0), out.stride(1),
             sm_scale * k_scale * LOG2E, v_scale, num_splits,
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, DIRECT=direct,
-            DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
-            WHOLE_BLOCKS=decode_whole_blocks(k_cache.dtype), PDL=pdl, **launch, **pdl_options,
+            DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), PDL=pdl,
+            WHOLE_BLOCKS=DECODE_WHOLE_BLOCKS_FP8 if fp8 else DECODE_WHOLE_BLOCKS_16BIT, **launch, **pdl_options,
         )
     if not direct:
         _decode_combine_kernel[(batch, num_qo_heads)](

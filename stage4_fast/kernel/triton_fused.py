@@ -1,8 +1,7 @@
 """Fused element-wise kernels for 16-bit GPU forwards (``kernel.fused_kernels_for``): residual add + RMSNorm,
 q/k RMSNorm + RoPE (+ KV store), SiLU-and-mul, each one launch where PyTorch launches 4 to 10. The last two also
 take a layer's deferred RMSNorm (``row_scale``, models/decoder.py). They round where PyTorch rounds (HF's op
-order), so they give the unfused bf16/fp16 bits; only the fp32 reduction order inside the norm differs.
-"""
+order), so they give the unfused bf16/fp16 bits; only the fp32 reduction order inside the norm differs."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     out = torch.empty((T, N), dtype=x.dtype, device=x.device)
     if T == 0:
         return out
-    if residual is not None:
-        assert residual.shape == x.shape and residual.stride(-1) == 1
+    assert residual is None or (residual.shape == x.shape and residual.stride(-1) == 1)
     r = residual if residual is not None else x
     block = triton.next_power_of_2(N)
     pdl, pdl_options = pdl_launch(x.device)
@@ -56,14 +54,12 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 
 
 @triton.jit
-def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, OutLoc, Hid,
-                         stride_t, stride_cs, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, stride_cache_t,
-                         stride_hid, hidden, eps, hid_eps, k_scale, v_scale,
-                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                         BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
-                         SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr,
-                         FP8_MIN_EXP: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr,
-                         PDL: tl.constexpr):
+def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, OutLoc, Hid, stride_t, stride_cs,
+                         stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h, stride_cache_t, stride_hid, hidden, eps,
+                         hid_eps, k_scale, v_scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
+                         SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+                         ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr, PDL: tl.constexpr):
     """One program per token: its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: rotated k and v go
     to pool slot ``OutLoc[t]`` (quantized when FP8_MAX > 0). ROW_SCALE: q, k, v are first scaled by the deferred
     norm's factor of row ``Hid[t]``; the scaled v is written back into QKV."""
@@ -123,8 +119,7 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
             slot = tl.load(OutLoc + t).to(tl.int64)
             kc_dst = KCache + slot * stride_cache_t + (h[:, None] - HQ) * D + offs[None, :]
             cache_dtype = KCache.dtype.element_ty
-            tl.store(kc_dst, _to_pool(o1, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype),
-                     mask=k_mask)
+            tl.store(kc_dst, _to_pool(o1, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype), mask=k_mask)
             tl.store(kc_dst + HALF, _to_pool(o2, k_scale, SCALED, FP8_MAX, FP8_MANT, FP8_MIN_EXP, cache_dtype),
                      mask=k_mask)
             tl.store(VCache + slot * stride_cache_t + v_offs,
@@ -167,13 +162,11 @@ def _round_to_fp8_grid(y, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     return (rounded.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
 
 
-def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-                 cos_sin_cache: torch.Tensor, positions: torch.Tensor,
+def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_weight: torch.Tensor | None,
+                 k_weight: torch.Tensor | None, eps: float, cos_sin_cache: torch.Tensor, positions: torch.Tensor,
                  kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  kv_scales: tuple[float, float] = (1.0, 1.0),
-                 row_scale: tuple[torch.Tensor, float] | None = None,
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 row_scale: tuple[torch.Tensor, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D], k [T, Hkv, D], per-head RMS-normed (given weights) and rotated
     (neox) by the fp32 cos|sin table. ``kv_store`` = (k_cache, v_cache, out_loc [T]) also stores k and v (fp8: /
     ``kv_scales``). ``row_scale`` = (hidden [T, N], eps): the deferred norm's factor scales q, k, v first."""
@@ -185,8 +178,7 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
     if T == 0:
         return q, k
     has_norm = q_weight is not None and k_weight is not None
-    qw = q_weight if has_norm else cos_sin_cache  # unused when there is no norm
-    kw = k_weight if has_norm else cos_sin_cache
+    qw, kw = (q_weight, k_weight) if has_norm else (cos_sin_cache, cos_sin_cache)  # unused without a norm
     block_h = triton.next_power_of_2(num_qo_heads + num_kv_heads)
     if kv_store is not None:
         k_cache, v_cache, out_loc = kv_store
@@ -202,26 +194,23 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
         k_cache = v_cache = out_loc = q  # unused
         cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0
     hidden, hidden_eps = row_scale if row_scale is not None else (q, 0.0)  # q: unused
-    if row_scale is not None:
-        assert hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1
+    assert row_scale is None or (hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1)
     pdl, pdl_options = pdl_launch(qkv.device)
     _qk_norm_rope_kernel[(T,)](
         qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, hidden, qkv.stride(0),
-        cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride,
-        hidden.stride(0), hidden.shape[-1], eps, hidden_eps, float(kv_scales[0]), float(kv_scales[1]),
-        HQ=num_qo_heads, HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h,
-        BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm, STORE_KV=kv_store is not None,
-        SCALED=tuple(kv_scales) != (1.0, 1.0), FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_MIN_EXP=fp8_min_exp,
-        ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]),
+        cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride, hidden.stride(0),
+        hidden.shape[-1], eps, hidden_eps, float(kv_scales[0]), float(kv_scales[1]), HQ=num_qo_heads, HKV=num_kv_heads,
+        D=head_dim, BLOCK_H=block_h, BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm,
+        STORE_KV=kv_store is not None, SCALED=tuple(kv_scales) != (1.0, 1.0), FP8_MAX=fp8_max, FP8_MANT=fp8_mant,
+        FP8_MIN_EXP=fp8_min_exp, ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]),
         PDL=pdl, num_warps=4 if block_h * head_dim >= 2048 else 2, **pdl_options,
     )
     return q, k
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, Hid, stride_x, stride_o, stride_hid, N, hidden, hid_eps,
-                         ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr, PDL: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Out, Hid, stride_x, stride_o, stride_hid, N, hidden, hid_eps, ROW_SCALE: tl.constexpr,
+                         BLOCK_HID: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     # the deferred norm, before the wait (the note above the kernels)
     if ROW_SCALE:
@@ -246,8 +235,7 @@ def silu_and_mul(x: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None =
     if T == 0:
         return out
     hidden, hidden_eps = row_scale if row_scale is not None else (x, 0.0)  # x: unused
-    if row_scale is not None:
-        assert hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1
+    assert row_scale is None or (hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1)
     block = min(1024, triton.next_power_of_2(N))
     pdl, pdl_options = pdl_launch(x.device)
     _silu_and_mul_kernel[(T, triton.cdiv(N, block))](

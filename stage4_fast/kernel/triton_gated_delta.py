@@ -1,6 +1,5 @@
 """Triton decode step of the gated delta rule, updating the state pool in place (the torch reference gathers,
-updates and scatters it: three passes). One program per (request, v-head, block of Dv columns); graph-capturable.
-"""
+updates and scatters it: three passes). One program per (request, v-head, block of Dv columns); graph-capturable."""
 
 from __future__ import annotations
 
@@ -39,10 +38,8 @@ def _recurrent_step_kernel(x_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, 
     tl.store(o_ptr + (b * HV + hv) * DV + dv, o.to(o_ptr.dtype.element_ty))
 
 
-def recurrent_gated_delta_rule_inplace(
-    x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state_pool: torch.Tensor, slots: torch.Tensor,
-    num_k_heads: int, head_k_dim: int,
-) -> torch.Tensor:
+def recurrent_gated_delta_rule_inplace(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state_pool: torch.Tensor,
+                                       slots: torch.Tensor, num_k_heads: int, head_k_dim: int) -> torch.Tensor:
     """x [B, conv_dim] (q | k | v after the conv), g / beta [B, v_heads], state_pool [slots, v_heads, Dk, Dv]
     fp32 (updated in place at `slots`). Returns o [B, v_heads, Dv] in x's dtype."""
     B = x.shape[0]
@@ -51,8 +48,6 @@ def recurrent_gated_delta_rule_inplace(
     o = x.new_empty(B, HV, DV)
     BV = min(DV, 32)
     grid = (B, HV, triton.cdiv(DV, BV))
-    _recurrent_step_kernel[grid](
-        x, g.contiguous(), beta.contiguous(), o, state_pool, slots, x.stride(0), DK**-0.5,
-        HK=num_k_heads, HV=HV, DK=DK, DV=DV, BV=BV,
-    )
+    _recurrent_step_kernel[grid](x, g.contiguous(), beta.contiguous(), o, state_pool, slots, x.stride(0), DK**-0.5,
+                                 HK=num_k_heads, HV=HV, DK=DK, DV=DV, BV=BV)
     return o

@@ -1,8 +1,7 @@
 """Triton GEMV for one-token forwards: y = x @ W.T (+ bias), x [1, K], optionally with the SiLU-and-mul of its
 input (down_proj) or the add-RMSNorm before it (qkv, gate_up) folded in. At one row cuBLAS streams the weights
 far below bandwidth; here each program owns BLOCK_N rows, accumulates fp32 over BLOCK_K slices and reduces once,
-rounding once to the output dtype as cuBLAS does.
-"""
+rounding once to the output dtype as cuBLAS does."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def _normed_input(X, R, k, k_mask, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def _input_slice(X, R, NormW, k, k_mask, K, rstd, GATED: tl.constexpr, NORM: tl.constexpr,
-                 HAS_RESIDUAL: tl.constexpr):
+def _input_slice(X, R, NormW, k, k_mask, K, rstd, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     if NORM:  # rounded where the add-RMSNorm kernel rounds: the normalised value, then its product with NormW
         h = _normed_input(X, R, k, k_mask, HAS_RESIDUAL)
         y = (h.to(tl.float32) * rstd).to(h.dtype)
@@ -86,10 +84,6 @@ GEMV_WIDE = (8, 512, 2)
 GEMV_WIDE_FROM = 4096  # outputs
 
 
-def gemv_launch(n: int) -> tuple[int, int, int]:
-    return GEMV_WIDE if n >= GEMV_WIDE_FROM else GEMV_NARROW
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
     """x [1, K] (``gated``: [1, 2K] = [gate | up] -> silu(gate) * up), weight [N, K], bias [N] -> [1, N]."""
     assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
@@ -121,7 +115,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y:
             norm: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
             has_residual: bool = False) -> None:
     n, k = weight.shape
-    block_n, block_k, warps = gemv_launch(n)
+    block_n, block_k, warps = GEMV_WIDE if n >= GEMV_WIDE_FROM else GEMV_NARROW
     residual, norm_weight, stream, eps = norm if norm is not None else (x, x, x, 0.0)  # unused without NORM
     pdl, pdl_options = pdl_launch(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](

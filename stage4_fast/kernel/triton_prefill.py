@@ -1,7 +1,6 @@
 """Triton prefill (extend) attention: ragged causal queries over a cached prefix, through the token-slot page
 table. With a block map (``prefill_block_map``) the grid is a device-side work list, so one CUDA graph serves
-every batch of its token count (engine/prefill_graph.py).
-"""
+every batch of its token count (engine/prefill_graph.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +14,11 @@ from .triton_attention import LOG2E, _attend_key_block, _dot_precision, _fp16_do
 
 
 @triton.jit
-def _prefill_kernel(
-    Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens, BlockMap,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh,
-    sm_scale, v_scale, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
-    MAPPED: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-):
+def _prefill_kernel(Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens, BlockMap, stride_qt, stride_qh, stride_kt,
+                    stride_kh, stride_vt, stride_vh, stride_pt, stride_ot, stride_oh, sm_scale, v_scale,
+                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
+                    MAPPED: tl.constexpr, NUM_KV_HEADS: tl.constexpr):
     """One program per (request, KV head, block of BLOCK_M query tokens); rows are tokens x the group's heads
     (token-major, GROUP_P2 per token). Key blocks below the causal diagonal run unmasked. MAPPED: the grid is the
     ``BlockMap`` entries x KV heads; programs past the map's count return at once."""
@@ -68,19 +65,17 @@ def _prefill_kernel(
     full_end = seen_by_all // BLOCK_N * BLOCK_N
     for n0 in range(0, full_end, BLOCK_N):
         pos = n0 + offs_n
-        acc, m_i, l_i = _attend_key_block(
-            q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, False, BLOCK_D != HEAD_DIM,
-        )
+        acc, m_i, l_i = _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, pos, pos, kv_head, offs_d,
+                                          d_mask, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale,
+                                          DOT_PRECISION, False, BLOCK_D != HEAD_DIM)
     end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)  # the causal horizon of this query block
     for n0 in range(full_end, end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < end
         visible = n_mask[None, :] & (pos[None, :] <= (prefix + offs_m)[:, None])  # key 0: every row sees one
-        acc, m_i, l_i = _attend_key_block(
-            q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d, d_mask,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale, DOT_PRECISION, True, BLOCK_D != HEAD_DIM,
-        )
+        acc, m_i, l_i = _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visible, kv_head, offs_d,
+                                          d_mask, stride_kt, stride_kh, stride_vt, stride_vh, stride_pt, sm_scale,
+                                          DOT_PRECISION, True, BLOCK_D != HEAD_DIM)
     out = acc / l_i[:, None] * v_scale
     tl.store(Out + tokens[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
@@ -122,12 +117,10 @@ def prefill_block_map_capacity(num_tokens: int, max_reqs: int, block_m: int) -> 
     return triton.cdiv(num_tokens, block_m) + min(max_reqs, num_tokens)
 
 
-def prefill_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-    table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_seqlen_q: int,
-    sm_scale: float, out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-    block_map: tuple[int, torch.Tensor] | None = None,
-) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                      table_idx: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_seqlen_q: int,
+                      sm_scale: float, out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+                      block_map: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
     """q [T, Hq, D] (ragged by ``cu_seqlens_q`` [B+1]); this step's K/V already in the cache (fp8: x k/v_scale);
     seq_lens [B] = prefix + extend. ``block_map`` = (block_m, device map from ``prefill_block_map``)."""
     total, num_qo_heads, head_dim = q.shape
@@ -153,13 +146,11 @@ def prefill_attention(
     else:
         mapped = cu_seqlens_q  # unused
         grid = (batch, num_kv_heads, triton.cdiv(max_seqlen_q, block_m))
-    _prefill_kernel[grid](
-        q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens, mapped,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0), out.stride(0), out.stride(1), sm_scale * k_scale * LOG2E, v_scale,
-        GROUP=group, GROUP_P2=group_p2, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim, DOT_PRECISION=_dot_precision(q.dtype),
-        FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype), MAPPED=block_map is not None, NUM_KV_HEADS=num_kv_heads,
-        **options,
-    )
+    _prefill_kernel[grid](q, k_cache, v_cache, out, page_table, table_idx, cu_seqlens_q, seq_lens, mapped, q.stride(0),
+                          q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+                          page_table.stride(0), out.stride(0), out.stride(1), sm_scale * k_scale * LOG2E, v_scale,
+                          GROUP=group, GROUP_P2=group_p2, BLOCK_M=block_m, BLOCK_N=block_n,
+                          BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim,
+                          DOT_PRECISION=_dot_precision(q.dtype), FP16_DOTS=_fp16_dots(q.dtype, k_cache.dtype),
+                          MAPPED=block_map is not None, NUM_KV_HEADS=num_kv_heads, **options)
     return out

@@ -1,8 +1,7 @@
 """Structured output as a token mask through xgrammar (JSON schema, regex, EBNF, structural tag): a matcher per
 request masks tokens that break a valid prefix, filled just before sampling once the scheduler caught up with
 the previous step (``Scheduler._forward``). JSON has no free whitespace by default (a small model can emit
-newlines until ``max_tokens``); ``SamplingParams.json_any_whitespace`` allows it.
-"""
+newlines until ``max_tokens``); ``SamplingParams.json_any_whitespace`` allows it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Logprobs of the sampled tokens, their top alternatives and the prompt (echo): ``log_softmax`` of the raw fp32
-logits, before temperature, penalties, bias or grammar mask (vLLM's "raw logprobs", what evaluations read).
-"""
+logits, before temperature, penalties, bias or grammar mask (vLLM's "raw logprobs", what evaluations read)."""
 
 from __future__ import annotations
 
@@ -50,10 +49,9 @@ def logprobs_of(logits: torch.Tensor, targets: torch.Tensor, top_k: int) -> Tupl
     return chosen, top_ids.to(torch.int32), top_logprobs
 
 
-def compute_logprobs(
-    logits: torch.Tensor, next_tokens: torch.Tensor, args: LogprobArgs, token_pool: torch.Tensor | None = None,
-    prompt_hidden: torch.Tensor | None = None, compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> BatchLogprobs:
+def compute_logprobs(logits: torch.Tensor, next_tokens: torch.Tensor, args: LogprobArgs,
+                     token_pool: torch.Tensor | None = None, prompt_hidden: torch.Tensor | None = None,
+                     compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> BatchLogprobs:
     """The sampled tokens' logprobs; with echo, also the prompt's, from kept hidden states a chunk at a time."""
     out = BatchLogprobs(*logprobs_of(logits[args.rows], next_tokens[args.rows], args.top_k))
     if args.prompt_rows is not None:

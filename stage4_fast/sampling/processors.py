@@ -1,6 +1,5 @@
 """Batched logit processors of the OpenAI / vLLM sampling fields. Sampler order, as vLLM's: bias and penalties on
-raw logits (they steer greedy too), grammar mask, then temperature, min-p, top-k, top-p.
-"""
+raw logits (they steer greedy too), grammar mask, then temperature, min-p, top-k, top-p."""
 
 from __future__ import annotations
 
