@@ -45,8 +45,7 @@ def _engine(model_dir: str, options: dict) -> Engine:
 
 def generate(model_dir: str, prompts: List[List[int]], max_new_tokens: int, **options: Any) -> List[List[int]]:
     """fp32, greedy, EOS ignored: all prompts prefilled in one batch, then decoded together."""
-    unknown = set(options) - OPTIONS
-    if unknown:
+    if unknown := set(options) - OPTIONS:
         raise TypeError(f"stage1_correct does not understand option(s) {sorted(unknown)}")
     engine = _engine(model_dir, options)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_new_tokens)

@@ -50,13 +50,11 @@ def _llm(model_dir: str, options: dict) -> LLM:
 
 def generate(model_dir: str, prompts: List[List[int]], max_new_tokens: int, **options: Any) -> List[List[int]]:
     """fp32, greedy, EOS ignored, through the scheduler (continuous batching) and LLM.generate."""
-    unknown = set(options) - OPTIONS
-    if unknown:
+    if unknown := set(options) - OPTIONS:
         raise TypeError(f"stage2_scheduled does not understand option(s) {sorted(unknown)}")
     llm = _llm(model_dir, options)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_new_tokens)
     results = llm.generate(prompts, params, use_tqdm=False)
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
+    if errors := [r["error"] for r in results if "error" in r]:
         raise RuntimeError(f"stage2_scheduled rejected {len(errors)} prompt(s): {errors[0]}")
     return [list(r["token_ids"]) for r in results]

@@ -68,14 +68,12 @@ def _llm(model_dir: str, options: dict) -> LLM:
 
 def generate(model_dir: str, prompts: List[List[int]], max_new_tokens: int, **options: Any) -> List[List[int]]:
     """fp32, greedy, EOS ignored, through the scheduler (continuous batching) and LLM.generate."""
-    unknown = set(options) - OPTIONS
-    if unknown:
+    if unknown := set(options) - OPTIONS:
         raise TypeError(f"stage4_fast does not understand option(s) {sorted(unknown)}")
     llm = _llm(model_dir, options)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_new_tokens)
     results = llm.generate(prompts, params, use_tqdm=False)
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
+    if errors := [r["error"] for r in results if "error" in r]:
         raise RuntimeError(f"stage4_fast rejected {len(errors)} prompt(s): {errors[0]}")
     return [list(r["token_ids"]) for r in results]
 
@@ -141,8 +139,7 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
                    **options: Any) -> Iterator[ServerProcess]:
     """`python -m stage4_fast` on a free port of 127.0.0.1 in its own session, ready (health 200) on entry,
     stopped with SIGTERM on exit. When the test fails, the server's log is kept and its tail printed."""
-    unknown = set(options) - OPTIONS
-    if unknown:
+    if unknown := set(options) - OPTIONS:
         raise TypeError(f"stage4_fast's server does not understand option(s) {sorted(unknown)}")
     port = free_port()
     cmd = [sys.executable, "-m", "stage4_fast", "--model", str(model_dir), "--port", str(port),

@@ -67,13 +67,9 @@ class ModelConfig:
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         theta, scaling = _rope_settings(cfg)
         return cls(
-            num_layers=cfg["num_hidden_layers"],
-            num_qo_heads=num_heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=head_dim,
-            hidden_size=cfg["hidden_size"],
-            vocab_size=cfg["vocab_size"],
-            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"], num_qo_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads, head_dim=head_dim,
+            hidden_size=cfg["hidden_size"], vocab_size=cfg["vocab_size"], intermediate_size=cfg["intermediate_size"],
             rms_norm_eps=cfg["rms_norm_eps"],
             rotary_config=RotaryConfig(
                 head_dim=head_dim,
@@ -82,12 +78,10 @@ class ModelConfig:
                 base=theta,
                 scaling=scaling,
             ),
-            hidden_act=cfg.get("hidden_act", "silu"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            hidden_act=cfg.get("hidden_act", "silu"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=cfg.get("num_local_experts") or cfg.get("num_experts") or 0,
             num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
             moe_intermediate_size=cfg.get("moe_intermediate_size") or 0,
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-            model_type=cfg.get("model_type", "llama"),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), model_type=cfg.get("model_type", "llama"),
             architectures=list(cfg.get("architectures") or ["LlamaForCausalLM"]),
         )

@@ -14,18 +14,11 @@ if TYPE_CHECKING:
     from ..models import ModelConfig
 
 
-def create_kvcache_pool(
-    model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device
-) -> BaseKVCachePool:
-    return MHAKVCache(
-        num_kv_heads=model_config.num_kv_heads,
-        num_layers=model_config.num_layers,
-        head_dim=model_config.head_dim,
-        num_pages=num_pages,
-        page_size=page_size,
-        dtype=dtype,
-        device=device,
-    )
+def create_kvcache_pool(model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
+                        device: torch.device) -> BaseKVCachePool:
+    return MHAKVCache(num_kv_heads=model_config.num_kv_heads, num_layers=model_config.num_layers,
+                      head_dim=model_config.head_dim, num_pages=num_pages, page_size=page_size, dtype=dtype,
+                      device=device)
 
 
 SUPPORTED_CACHE_MANAGER: Registry[type[BasePrefixCache]] = Registry("cache manager")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, NamedTuple
+from contextlib import contextmanager
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 
@@ -91,11 +92,8 @@ class Engine:
             self.model.after_load()
 
             # hybrid models' linear-attention state (+1: the dummy's slot), before the KV pool is sized
-            self.state_pool = (
-                create_state_pool(model_config, config.max_running_req + 1, config.dtype, self.device)
-                if model_config.linear_attn is not None
-                else None
-            )
+            self.state_pool = (create_state_pool(model_config, config.max_running_req + 1, config.dtype, self.device)
+                               if model_config.linear_attn is not None else None)
             self.num_pages = self._num_pages()
             # one extra page at the end: the dummy request's (padding) slots
             self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(
@@ -114,20 +112,17 @@ class Engine:
                 stream=self.stream, device=self.device, model=self.model, attn_backend=self.attn_backend,
                 cuda_graph_bs=config.cuda_graph_bs, cuda_graph_max_bs=self._graph_max_bs(), free_memory=free_memory,
                 max_seq_len=self.max_seq_len, vocab_size=model_config.vocab_size, dummy_req=self.dummy_req,
-                logits_dtype=config.dtype,
-            )
+                logits_dtype=config.dtype)
         self.prefill_graph: PrefillGraphRunner | None = None  # capture_prefill_graph
         self._log_start(kv_scales)
 
     def _create_backends(self, model_config: ModelConfig) -> None:
-        """The attention backend (wrapped for a hybrid's linear layers), the MoE backend, the sampler."""
         config = self.config
         self.attn_backend = self.ctx.attn_backend = create_attention_backend(config.attention_backend, model_config)
         if self.state_pool is not None:
             assert model_config.linear_attn is not None
-            self.attn_backend = self.ctx.attn_backend = HybridLinearAttnBackend(
-                self.attn_backend, self.state_pool, model_config.linear_attn
-            )
+            self.attn_backend = self.ctx.attn_backend = HybridLinearAttnBackend(self.attn_backend, self.state_pool,
+                                                                                model_config.linear_attn)
         if model_config.is_moe:
             self.moe_backend = self.ctx.moe_backend = create_moe_backend(config.moe_backend)
         self.sampler = Sampler(self.device, model_config.vocab_size)
@@ -247,8 +242,7 @@ class Engine:
             copy_done_event = record_event(self.device)
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logprobs_cpu)
 
-    def pad_batch(self, batch: Batch) -> None:
-        """Pad a batch up to its (decode or prefill) graph's size."""
+    def pad_batch(self, batch: Batch) -> None:  # up to its (decode or prefill) graph's size
         if batch.is_prefill and self.prefill_graph is not None:
             self.prefill_graph.pad_batch(batch)
         else:
@@ -262,6 +256,18 @@ class Engine:
             return self.prefill_graph.replay(batch), None
         return self.model.forward(), None
 
+    @contextmanager
+    def _survive_oom(self, collective: bool, message: str, *args: object) -> Iterator[None]:
+        """A start-up step that ran out of GPU memory: warn with ``message`` and serve without it. A step with
+        collectives re-raises under TP: the other ranks may have got further into them, and must not diverge."""
+        try:
+            yield
+        except torch.OutOfMemoryError:
+            if collective and self.config.tp_info.size > 1:
+                raise
+            torch.cuda.empty_cache()
+            logger.warning(message, *args)
+
     def warm_up_prefill(self, num_tokens: int, num_reqs: int = 1) -> None:
         """One dummy prefill step through ``forward_batch`` at start-up: CUDA loads a kernel's module at its first
         launch, which the first long prompt would otherwise pay. Its KV goes to the padding slot, read by no one."""
@@ -273,7 +279,8 @@ class Engine:
         batch = padding_prefill_batch(self.dummy_req, lens)
         positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens])
         set_global_ctx(self.ctx)
-        try:
+        with self._survive_oom(True, "a prefill of %d tokens ran out of GPU memory at start-up: prefill steps that "
+                               "long will too (lower --max-num-batched-tokens or --mem-fraction-static)", num_tokens):
             with torch.inference_mode(), stream_context(self.stream):
                 batch.input_ids = torch.zeros(num_tokens, dtype=torch.int32, device=self.device)
                 batch.positions = positions.to(self.device)
@@ -281,28 +288,17 @@ class Engine:
                 self.attn_backend.prepare_metadata(batch)
                 self.forward_batch(batch, BatchSamplingArgs(temperatures=None)).copy_done_event.synchronize()
             synchronize(self.device)
-        except torch.OutOfMemoryError:  # a prefill step this long will not fit either: say so, serve what fits
-            if self.config.tp_info.size > 1:
-                raise  # the other ranks may have got further into the forward's collectives: stop, do not diverge
-            torch.cuda.empty_cache()
-            logger.warning("a prefill of %d tokens ran out of GPU memory at start-up: prefill steps that long will "
-                           "too (lower --max-num-batched-tokens or --mem-fraction-static)", num_tokens)
 
     def capture_prefill_graph(self, num_tokens: int) -> None:
         """Capture the prefill forward at a grid of token counts up to ``num_tokens`` (engine/prefill_graph.py)."""
         if why := self._prefill_graph_problem(num_tokens):
             logger.info("prefill steps run eagerly: %s", why)
             return
-        try:
+        with self._survive_oom(True, "capturing the prefill forward up to %d tokens ran out of GPU memory: prefill "
+                               "steps run eagerly (lower --mem-fraction-static to leave room for it)", num_tokens):
             self.prefill_graph = PrefillGraphRunner(self.stream, self.device, self.model, self.attn_backend,
                                                     prefill_graph_sizes(num_tokens), self.config.max_running_req,
                                                     self.dummy_req)
-        except torch.OutOfMemoryError:
-            if self.config.tp_info.size > 1:
-                raise  # as in warm_up_prefill: the ranks must not diverge
-            torch.cuda.empty_cache()
-            logger.warning("capturing the prefill forward up to %d tokens ran out of GPU memory: prefill steps run "
-                           "eagerly (lower --mem-fraction-static to leave room for it)", num_tokens)
 
     def _prefill_graph_problem(self, num_tokens: int) -> str | None:
         wanted = self.config.prefill_cuda_graph
@@ -322,7 +318,9 @@ class Engine:
         step = max(step, math.ceil(max_tokens / GEMM_WARM_UP_COUNTS / step) * step)
         rows = [*range(1, step), *range(step, max_tokens + 1, step), max_tokens]
         start = time.perf_counter()
-        try:
+        # no collective runs: the ranks cannot diverge
+        with self._survive_oom(False, "the GEMM warm-up of %d rows ran out of GPU memory; serving without it",
+                               max_tokens):
             with torch.inference_mode(), stream_context(self.stream):
                 num_layers = warm_up_gemms(self.model, rows)
                 max_reqs = min(self.config.max_running_req, max_tokens, GEMM_WARM_UP_COUNTS)
@@ -331,12 +329,8 @@ class Engine:
                 for n in range(1, len(hidden) + 1):
                     self.model.lm_head.warm_up_gemms(hidden[:n])
             synchronize(self.device)
-        except torch.OutOfMemoryError:  # (no collective ran: the ranks cannot diverge) serve without it
-            torch.cuda.empty_cache()
-            logger.warning("the GEMM warm-up of %d rows ran out of GPU memory; serving without it", max_tokens)
-            return
-        logger.info("warmed %d projections at %d row counts and the LM head at 1-%d rows in %.1f s", num_layers,
-                    len(set(rows)), len(hidden), time.perf_counter() - start)
+            logger.info("warmed %d projections at %d row counts and the LM head at 1-%d rows in %.1f s", num_layers,
+                        len(set(rows)), len(hidden), time.perf_counter() - start)
 
     def shutdown(self) -> None:
         self.graph_runner.destroy_cuda_graphs()  # before the process group goes (graphs may hold NCCL work)

@@ -47,9 +47,7 @@ class Graph(Protocol):
     def reset(self) -> None: ...
 
 
-class EmulatedGraph:
-    """A recorded closure standing in for a CUDA graph on CPU."""
-
+class EmulatedGraph:  # a recorded closure standing in for a CUDA graph on CPU
     def __init__(self, fn: Callable[[], None]):
         self._fn: Callable[[], None] | None = fn
 
@@ -131,10 +129,7 @@ def default_graph_bs_list(device: torch.device, free_memory: int, cuda_graph_bs:
     if cuda_graph_bs is not None:
         return sorted(set(cuda_graph_bs))
     if cuda_graph_max_bs is None:
-        if is_cuda(device):
-            cuda_graph_max_bs = 256 if free_memory > 60 * (1 << 30) else 160
-        else:
-            cuda_graph_max_bs = 0
+        cuda_graph_max_bs = (256 if free_memory > 60 * (1 << 30) else 160) if is_cuda(device) else 0
     if cuda_graph_max_bs < 1:
         return []
     sizes = [bs for bs in (1, 2, 4) if bs <= cuda_graph_max_bs]
@@ -145,10 +140,7 @@ class GraphRunner:
     def __init__(self, stream: Stream, device: torch.device, model: BaseLLMModel, attn_backend: BaseAttnBackend,
                  cuda_graph_bs: List[int] | None, cuda_graph_max_bs: int | None, free_memory: int, max_seq_len: int,
                  vocab_size: int, dummy_req: Req, logits_dtype: torch.dtype = torch.float32):
-        self.stream = stream
-        self.device = device
-        self.model = model
-        self.attn_backend = attn_backend
+        self.stream, self.device, self.model, self.attn_backend = stream, device, model, attn_backend
         self.dummy_req = dummy_req
         self.graph_bs_list = default_graph_bs_list(device, free_memory, cuda_graph_bs, cuda_graph_max_bs)
         self.max_graph_bs = max(self.graph_bs_list, default=0)
@@ -163,11 +155,10 @@ class GraphRunner:
 
     def _capture_graphs(self, max_seq_len: int) -> None:
         self.attn_backend.init_capture_graph(max_seq_len, self.graph_bs_list)
-        pool = None
-        kind = "emulated" if self.emulated else "CUDA"
-        logger.info("capturing %s graphs for batch sizes %s", kind, self.graph_bs_list)
+        logger.info("capturing %s graphs for batch sizes %s", "emulated" if self.emulated else "CUDA",
+                    self.graph_bs_list)
         rewire = not self.emulated and rewires_graphs(self.device)
-        launch_order_edges = 0
+        pool, launch_order_edges = None, 0
         with torch.inference_mode(), stream_context(self.stream):
             for bs in sorted(self.graph_bs_list, reverse=True):  # largest first: later ones reuse its memory
                 batch = Batch(reqs=[self.dummy_req] * bs, phase="decode")

@@ -62,11 +62,7 @@ PAD_REQ_TOKENS = 256  # short padding prompts: causal attention costs each its l
 
 def prefill_graph_sizes(max_tokens: int, min_tokens: int = MIN_TOKENS) -> List[int]:
     """The token counts captured, largest first: every eighth of ``max_tokens``, then halves down to ``min_tokens``."""
-    sizes = {max_tokens}
-    for k in range(1, 8):
-        size = max_tokens * k // 8
-        if size >= min_tokens:
-            sizes.add(size)
+    sizes = {max_tokens} | {max_tokens * k // 8 for k in range(1, 8) if max_tokens * k // 8 >= min_tokens}
     size = max_tokens // 8
     while size // 2 >= min_tokens:
         size //= 2
@@ -90,13 +86,8 @@ def padding_prefill_batch(dummy_req: Req, lens: Sequence[int]) -> Batch:
 class PrefillGraphRunner:
     def __init__(self, stream: Stream, device: torch.device, model: BaseLLMModel, attn_backend: BaseAttnBackend,
                  sizes: Sequence[int], max_reqs: int, dummy_req: Req):
-        self.stream = stream
-        self.device = device
-        self.model = model
-        self.attn_backend = attn_backend
-        self.sizes = sorted(sizes, reverse=True)
-        self.max_reqs = max_reqs
-        self.dummy_req = dummy_req
+        self.stream, self.device, self.model, self.attn_backend = stream, device, model, attn_backend
+        self.sizes, self.max_reqs, self.dummy_req = sorted(sizes, reverse=True), max_reqs, dummy_req
         self.emulated = not is_cuda(device)
         self._dummy_slot = int(get_global_ctx().page_table[dummy_req.table_idx, 0])
         self._pad_reqs: Dict[int, Req] = {}  # dummy prompts by length, made once

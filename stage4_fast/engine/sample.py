@@ -132,10 +132,8 @@ class Sampler:
         if not grammar_on and all(map(_SAMPLES_PLAIN_GREEDY, batch.reqs)):
             return BatchSamplingArgs(temperatures=None)  # the common case, in one pass over the batch
         params = [req.sampling_params for req in batch.reqs]
-        if all(p.is_greedy for p in params):
-            args = BatchSamplingArgs(temperatures=None)
-        else:
-            args = self._prepare_random(batch, params)
+        greedy = all(p.is_greedy for p in params)
+        args = BatchSamplingArgs(temperatures=None) if greedy else self._prepare_random(batch, params)
         self._prepare_api_fields(batch, args, token_pool)
         return args
 
@@ -220,10 +218,9 @@ class Sampler:
         """Echo: each prompt token after the first gets the logprob its previous row predicts (a final chunk's last
         row predicts the first output token: the sampled token's logprob)."""
         flat_rows: List[torch.Tensor] = []
-        pool_rows: List[int] = []
         positions: List[torch.Tensor] = []
-        segments = []
-        offset, start = 0, 0
+        pool_rows: List[int] = []
+        segments, offset, start = [], 0, 0
         for i, req in enumerate(batch.reqs):  # (a prefill is never padded)
             if req.sampling_params.wants_prompt_logprobs:
                 count = req.extend_len if not req.can_decode else req.extend_len - 1

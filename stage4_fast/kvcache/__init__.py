@@ -15,21 +15,12 @@ if TYPE_CHECKING:
     from ..models import ModelConfig
 
 
-def create_kvcache_pool(
-    model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device,
-    kv_dtype: torch.dtype | None = None,
-) -> BaseKVCachePool:
+def create_kvcache_pool(model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
+                        device: torch.device, kv_dtype: torch.dtype | None = None) -> BaseKVCachePool:
     """A pool for the model's KV layers; ``kv_dtype`` is what it stores (default: the model's ``dtype``)."""
-    return MHAKVCache(
-        num_kv_heads=model_config.num_kv_heads,
-        num_layers=model_config.num_kv_layers,
-        head_dim=model_config.head_dim,
-        num_pages=num_pages,
-        page_size=page_size,
-        dtype=dtype if kv_dtype is None else kv_dtype,
-        device=device,
-        compute_dtype=dtype,
-    )
+    return MHAKVCache(num_kv_heads=model_config.num_kv_heads, num_layers=model_config.num_kv_layers,
+                      head_dim=model_config.head_dim, num_pages=num_pages, page_size=page_size,
+                      dtype=dtype if kv_dtype is None else kv_dtype, device=device, compute_dtype=dtype)
 
 
 SUPPORTED_CACHE_MANAGER: Registry[type[BasePrefixCache]] = Registry("cache manager")

@@ -140,13 +140,8 @@ class LLM(Scheduler):
         for uid in range(len(prompts)):
             status = self.status_map[uid]
             result: Dict[str, Any] = {"text": texts[uid], "token_ids": status.output_ids}
-            if status.error is not None:
-                result["error"] = status.error
-            if status.logprobs is not None:
-                result["logprobs"] = status.logprobs
-            if status.prompt_logprobs is not None:
-                result["prompt_logprobs"] = status.prompt_logprobs
-            results.append(result)
+            extra = {"error": status.error, "logprobs": status.logprobs, "prompt_logprobs": status.prompt_logprobs}
+            results.append(result | {k: v for k, v in extra.items() if v is not None})
         return results
 
     def _decode_outputs(self, n: int) -> List[str]:

@@ -118,9 +118,9 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self._cached_prompt: Dict[int, int] = {}
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
         self.stream_out = StreamInterval(config.stream_interval)  # which of a step's tokens leave now
-        log_path = ENV.STEP_LOG.value  # a line per loop, for finding where the time goes (scheduler/step_log.py)
-        self.step_log = StepLog(log_path) if log_path and config.tp_info.rank == 0 else None
-        if self.step_log is not None and not self.overlap_scheduling:
+        # a line per loop, for finding where the time goes (scheduler/step_log.py); "": off
+        self.step_log = StepLog(ENV.STEP_LOG.value if config.tp_info.rank == 0 else "")
+        if self.step_log.path and not self.overlap_scheduling:
             logger.warning("MINISGL_STEP_LOG logs the overlap loop only; with overlap scheduling off it stays empty")
         super().__init__(config, self.engine.tp_cpu_group)
 
@@ -284,10 +284,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         if last_data is None:
             return
         fwd_input, fwd_output, length_finished, batch_id = last_data
-        if self.step_log is None:
-            fwd_output.copy_done_event.synchronize()
-        else:
-            self.step_log.wait_for(fwd_output.copy_done_event)
+        self.step_log.wait_for(fwd_output.copy_done_event)
         batch = fwd_input.batch
         tokens_cpu = fwd_output.next_tokens_cpu
         logprob_args, logprobs = fwd_input.sample_args.logprobs, fwd_output.logprobs
@@ -355,18 +352,15 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
         """One step: launch batch N+1, then process batch N (`last_data`). Returns N+1."""
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
-        if (log := self.step_log) is not None:
-            if blocking:
-                log.flush()  # idle: the file work waits for no step
-            log.begin()
+        if blocking:
+            self.step_log.flush()  # idle: the file work waits for no step
+        (log := self.step_log).begin()
         msgs = self.receive_msg(blocking=blocking)
         for msg in msgs:
             self._process_one_msg(msg)
-        if log is not None:
-            log.mark()
+        log.mark()
         fwd_input = self._schedule_next_batch()
-        if log is not None:
-            log.mark()
+        log.mark()
         ongoing_data = None
         if fwd_input is not None:
             # a grammar's mask for batch N+1 needs batch N's tokens: N is processed while N+1's forward runs
@@ -378,14 +372,12 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
                 last_data = None
         elif last_data is None and self.prefill_manager.runnable:
             self._reject_stuck_head()
-        if log is not None:
-            log.mark()
+        log.mark()
         self._process_last_data(last_data)
-        if log is not None:
-            batch = None if fwd_input is None else fwd_input.batch
-            log.end(None if batch is None else "prefill" if batch.is_prefill else "decode",
-                    0 if batch is None else batch.size, 0 if fwd_input is None else fwd_input.input_tuple[0].numel(),
-                    len(msgs), len(self.prefill_manager.pending_list), len(self.decode_manager.running_reqs))
+        batch = None if fwd_input is None else fwd_input.batch
+        log.end(None if batch is None else "prefill" if batch.is_prefill else "decode",
+                0 if batch is None else batch.size, 0 if fwd_input is None else fwd_input.input_tuple[0].numel(),
+                len(msgs), len(self.prefill_manager.pending_list), len(self.decode_manager.running_reqs))
         return ongoing_data
 
     def normal_loop(self) -> None:
@@ -438,8 +430,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self.cache_manager.check_integrity(deep=ENV.CHECK_CACHE_DEEP.value)
 
     def shutdown(self) -> None:
-        if self.step_log is not None:
-            self.step_log.flush()
+        self.step_log.flush()
         synchronize(self.device)
         self.sync_all_ranks()
         self.stop_io()

@@ -19,7 +19,7 @@ MAX_ROWS = 4096
 
 @dataclass
 class StepLog:
-    path: str
+    path: str  # "": off (the marks are still taken: cheaper than a check per call)
     _rows: List[Dict[str, Any]] = field(default_factory=list)
     _marks: List[float] = field(default_factory=list)
     _wait_s: float = 0.0
@@ -28,17 +28,17 @@ class StepLog:
         self._marks = [time.perf_counter()]
         self._wait_s = 0.0
 
-    def mark(self) -> None:
-        """The end of one part of the loop (receive, schedule, launch)."""
+    def mark(self) -> None:  # the end of one part of the loop (receive, schedule, launch)
         self._marks.append(time.perf_counter())
 
-    def wait_for(self, event: _Event) -> None:
-        """``event.synchronize()``, timed: the host waiting for the device."""
+    def wait_for(self, event: _Event) -> None:  # event.synchronize(), timed: the host waiting for the device
         start = time.perf_counter()
         event.synchronize()
         self._wait_s += time.perf_counter() - start
 
     def end(self, kind: str | None, reqs: int, tokens: int, msgs: int, pending: int, running: int) -> None:
+        if not self.path:
+            return
         t = [*self._marks, time.perf_counter()]
         receive, schedule, launch, process = (1e3 * (b - a) for a, b in zip(t, t[1:]))
         self._rows.append({
