@@ -10,6 +10,7 @@ commands:
   tp             TP 1 vs TP 2: fp32 equality with HF, bf16 agreement and throughput (2 GPUs)
   tp-logits      TP 1 vs TP 2 teacher-forced logits against HF, and the all-reduce's cost (2 GPUs)
   lm-eval        lm-eval through the stage4 server vs lm-eval's HF backend on a task of the repo (needs lm-eval)
+  moe-tune       the fused MoE kernel's block configs per token count for this GPU (stage4_fast/kernel/moe_configs)
 
 Results go to bench/local/ (gitignored) unless `--out` says otherwise; `--out bench/results` replaces the committed
 results of this machine. bench/README.md describes the workloads and every column.
@@ -22,7 +23,7 @@ import sys
 
 COMMANDS = {"run": "run", "serve": "serve", "serve-path": "serve_path", "worker": "worker",
             "breakdown": "gpu_breakdown", "kv-accuracy": "kv_accuracy", "tp": "gpu_tp", "tp-logits": "gpu_tp_logits",
-            "lm-eval": "lm_eval_parity"}
+            "lm-eval": "lm_eval_parity", "moe-tune": "moe_tune"}
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from .meta import pct
+from .shapes import shape_rows
 
 TITLE = "# Benchmark: "  # what a results file written by `python -m bench` starts with
 LABELS = {"hf": "HF transformers", "stage0_tiny": "stage0_tiny", "stage1_correct": "stage1_correct",
@@ -134,6 +135,7 @@ def ablation_rows(results: dict) -> list[dict]:
                     "effect": " / ".join(f"{x / cold - 1:+.1%}" for x in warm),
                     "plot": [("output tok/s", cold, warm[0], "call 1", "call 2")]})
     _served_burst_rows(results, out, fail)
+    shape_rows(results, out, fail)
     return out
 
 

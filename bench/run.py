@@ -25,6 +25,7 @@ from . import meta
 from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES
 from .meta import ROOT
 from .report import TITLE, ablation_rows, ablation_table, markdown, plot_all, stage_table
+from .shapes import make_command, shape_models
 from .stream_client import DEFAULT_HTTP_CLIENT
 from .workloads import SIZES, offline_workload
 
@@ -116,6 +117,9 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             # vLLM's 8,192 on this GPU): what a server tuned for throughput rather than inter-token latency gets
             jobs.append(Job("abl:kv:burst-served-fp8_e4m3-step16k", "stage4_fast", ["serve_offline"],
                             {"kv_cache_dtype": "fp8_e4m3", "max_extend_tokens": BURST_STEP_TOKENS}, BURST_MODEL))
+            if "shapes" in (args.ablations or ()):  # only when named: its models take ~40 GB and minutes to make
+                jobs += [Job(f"abl:shapes:{name}", "stage4_fast", ["shape"], {}, path)
+                         for name, path in shape_models().items()]
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")
@@ -208,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--ablations", nargs="+", default=None, metavar="NAME",
                     help="run only these ablation groups: radix chunked overlap page graph attn kv tp "
-                         "warm burst (default: all; kv, warm and burst on a GPU)")
+                         "warm burst shapes (default: all but shapes; kv, warm, burst and shapes on a GPU)")
     ap.add_argument("--no-serve", action="store_true", help="skip the server jobs (TTFT / ITL at 1 and 16 clients)")
     ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
     ap.add_argument("--out", type=Path, default=meta.LOCAL,
@@ -275,6 +279,9 @@ def main(argv: list[str]) -> int:
     if any(j.model == BURST_MODEL for j in jobs) and not (BURST_MODEL / "config.json").exists():
         subprocess.run([sys.executable, "-m", "models", "make", BURST_MODEL.name, "--device", "cuda"], cwd=ROOT,
                        check=True)
+    for name, path in shape_models().items():
+        if any(j.model == path for j in jobs) and not (path / "config.json").exists():
+            subprocess.run([sys.executable, *make_command(name)], cwd=ROOT, check=True)
 
     machine = args.machine or meta.machine_key(gpus, args.gpu)
     prefix = machine + ("-quick" if args.quick else "")

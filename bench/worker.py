@@ -14,6 +14,7 @@ Tasks:
     serve_offline  stage3+: the offline workload sent to the server all at once (how TP is compared)
     shared_prefix  stage2+: prefill tokens computed and wall time on the shared-prefix workload
     long_prompt    stage2+: a long prompt arrives while others decode: their longest token gap, peak memory
+    shape          GPU: the copy rate, offline and 1,024-token decode, each with its memory floor (shapes.py)
 """
 
 from __future__ import annotations
@@ -46,10 +47,12 @@ from .adapters import (
     sync,
 )
 from .meta import relative
+from .shapes import task_shape
 from .stream_client import DEFAULT_HTTP_CLIENT, HTTP_CLIENTS, open_client, stream_completion
 from .workloads import SIZES, Sizes, Workload, offline_workload, random_prompt, serve_workload, shared_prefix
 
-TASKS = ["prefill", "decode", "offline", "offline_warm", "serve", "serve_offline", "shared_prefix", "long_prompt"]
+TASKS = ["prefill", "decode", "offline", "offline_warm", "serve", "serve_offline", "shared_prefix", "long_prompt",
+         "shape"]
 SERVER_ONLY = {"serve", "serve_offline"}  # need no engine in this process
 
 
@@ -449,6 +452,8 @@ def run(args: argparse.Namespace) -> dict:
             r = task_shared_prefix(engine(), sizes, vocab)
         elif t == "long_prompt":
             r = task_long_prompt(engine(), sizes, vocab, device)
+        elif t == "shape":
+            r = task_shape(engine, args.model, w, sizes, vocab)
         elif t == "serve":
             r = task_serve(args.stage, args.model, sizes, vocab, dtype_name, log, options)
         else:

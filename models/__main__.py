@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("name", choices=sorted(RANDOM_MODELS) + ["all-tiny"])
     m.add_argument("--device", default="cpu", help="where to build the weights (cuda for full-size shapes)")
     m.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the model's own)")
-    m.add_argument("--out", default=None, help="output dir (default: models/<name>)")
+    m.add_argument("--out", default=None, help="output dir (default: models/<name>, models/<name>-<N>l with --layers)")
+    m.add_argument("--layers", type=int, default=None, help="only the first N layers (a shallower copy)")
     r = sub.add_parser("resolve", help="print the local dir of a path, known name or hub id")
     r.add_argument("name")
     sub.add_parser("list", help="list known models")
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "make":
             names = [n for n, spec in RANDOM_MODELS.items() if spec.tiny] if args.name == "all-tiny" else [args.name]
             for name in names:
-                print(make_random_model(name, device=args.device, dtype=args.dtype, out=args.out))
+                print(make_random_model(name, device=args.device, dtype=args.dtype, out=args.out, layers=args.layers))
         elif args.cmd == "resolve":
             print(resolve(args.name))
         else:

@@ -126,7 +126,25 @@ RANDOM_MODELS: dict[str, RandomModelSpec] = {
              tie_word_embeddings=False, attention_bias=False, bos_token_id=1, eos_token_id=2),
         tiny=False, dtype="bfloat16",
     ),
+    # 48 layers are ~61 GB in bf16; `--layers N` makes a shallower copy (models/qwen3-30b-a3b-shape-<N>l), the
+    # same layer shape at a depth that fits a GPU machine's disk (the benchmark's: bench/shapes.py)
+    "qwen3-30b-a3b-shape": RandomModelSpec(
+        "Qwen3-30B-A3B shape (48 layers, hidden 2048, 128 experts top-8 of 768, 32q/4kv heads), random bf16",
+        "Qwen3MoeForCausalLM",
+        dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+             num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
+             tie_word_embeddings=False, attention_bias=False, num_experts=128, num_experts_per_tok=8,
+             moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+             output_router_logits=False, bos_token_id=1, eos_token_id=2),
+        tiny=False, dtype="bfloat16",
+    ),
 }
+
+
+def model_name(name: str, layers: int | None = None) -> str:
+    """The directory name of a random model, of a shallower copy with `layers` layers too (e.g. ``-2l``)."""
+    return name if layers is None else f"{name}-{layers}l"
 
 
 def _tokenizer_source() -> Path:
@@ -139,25 +157,27 @@ def _tokenizer_source() -> Path:
     return src
 
 
-def _init_weights(model, seed: int) -> None:
+def _init_weights(model, seed: int, draw_device: str = "cpu") -> None:
     import torch
 
     if getattr(model.config, "model_type", None) == "qwen3_5_text":
         return _init_qwen3_5_weights(model, seed)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    # one seeded stream on the CPU, so the weights do not depend on the build device; the full-size shapes (only
+    # their speed matters) draw on the GPU they are built on: billions of CPU draws would take minutes
+    gen = torch.Generator(device=draw_device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            # draw on the CPU from one seeded stream so the weights do not depend on the build device
+            randn = torch.randn(p.shape, generator=gen, device=draw_device)
             if name.endswith("norm.weight") or "layernorm" in name:
-                w = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+                w = 1.0 + 0.1 * randn
             elif name.endswith(".bias"):
-                w = 0.1 * torch.randn(p.shape, generator=gen)
+                w = 0.1 * randn
             elif "embed_tokens" in name or "lm_head" in name:
-                w = torch.randn(p.shape, generator=gen)
+                w = randn
             else:
-                fan_in = p.shape[-1]
-                w = torch.randn(p.shape, generator=gen) / math.sqrt(fan_in)
+                w = randn / math.sqrt(p.shape[-1])  # fan-in
             p.copy_(w.to(p.dtype))
+            del randn, w
 
 
 # Logit std ~4 * sqrt(hidden) = 32 instead of 8: with ~800 greedy steps over the suite's prompts, std 8 leaves a
@@ -197,34 +217,39 @@ def _init_qwen3_5_weights(model, seed: int) -> None:
             p.copy_(w.to(p.dtype))
 
 
-def make_random_model(name: str, device: str = "cpu", dtype: str | None = None, out: str | Path | None = None) -> Path:
-    """Build (once) and return the HF directory of a seeded random model."""
+def make_random_model(name: str, device: str = "cpu", dtype: str | None = None, out: str | Path | None = None,
+                      layers: int | None = None) -> Path:
+    """Build (once) and return the HF directory of a seeded random model (`layers`: its first that many layers)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from . import MODELS_DIR
 
     spec = RANDOM_MODELS[name]
-    out = Path(out) if out else MODELS_DIR / name
+    out = Path(out) if out else MODELS_DIR / model_name(name, layers)
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     dtype = dtype or spec.dtype
     torch_dtype = getattr(torch, dtype)
     cfg_dict = dict(spec.config, architectures=[spec.architecture], dtype=dtype)
+    if layers is not None:
+        cfg_dict["num_hidden_layers"] = layers
     model_type = cfg_dict.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg_dict)
     print(f"[models] making {name} ({spec.description}) on {device}", flush=True)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    _init_weights(model, spec.seed)
+    _init_weights(model, spec.seed, "cpu" if spec.tiny else device)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    # 5 GB shards: a shard is copied to the CPU and serialized whole before it is written, so this bounds the
+    # host memory a full-size shape needs (the default, one 50 GB shard, would hold the whole model on it twice)
+    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="5GB")
     src = _tokenizer_source()
     for f in TOKENIZER_FILES:
         if (src / f).exists():
             shutil.copy(src / f, tmp / f)
-    (tmp / "random_model.json").write_text(json.dumps({"name": name, "seed": spec.seed}, indent=1))
+    (tmp / "random_model.json").write_text(json.dumps({"name": name, "seed": spec.seed, "layers": layers}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

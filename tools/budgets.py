@@ -33,7 +33,7 @@ BASE_COMMIT = "dec7340"  # the commit subjects after this one are held to the su
 FAST_STAGE = "stage4_fast"
 
 
-CEILING_FAST_LINES = 13_628  # the budget's 13,000 is not met yet: lower this as stage4 shrinks
+CEILING_FAST_LINES = 13_624  # the budget's 13,000 is not met yet: lower this as stage4 shrinks
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@
 # offline run, then one burst per server variant, in turn, into served.jsonl; SERVED_OPTIONS = the engine options of
 # every run, default '{"kv_cache_dtype": "fp8_e4m3"}'; SERVED_VARIANTS = the server options each burst adds, as
 # space-separated JSON objects, default '{} {"api_server_count":2} {"stream_interval":4}'; SERVED_ROUNDS, default 2;
-# SERVED_SECONDS stops each run after that many seconds).
+# SERVED_SECONDS stops each run after that many seconds) | moe-tune (`python -m bench moe-tune` at Qwen3-30B-A3B's
+# MoE shape, ~4 min: the JSON into RESULTS_DIR/moe_configs/ and stage4_fast/kernel/moe_configs/).
 # Environment: RESULTS_DIR = results folder (default /tmp/gpu_check): env.txt (date, GPU, driver, versions, commit),
 # gpu_tests.txt/.xml, bench.txt and the benchmark's results files, tp*.jsonl. PYTEST_K narrows the tests (pytest -k),
 # e.g. PYTEST_K=triton after a change to the Triton kernels. BENCH_ARGS replaces the benchmark's arguments (default:
@@ -97,6 +98,8 @@ make_models() {
   # the tiny models are seeded on the CPU, so they equal the ones the CPU tests use (as in noxfile.py's GPU_MODELS)
   for m in tiny-qwen3 tiny-qwen3-moe tiny-qwen3-moe-dense; do python3 -m models make "$m" || return 1; done
   [[ -f models/qwen3-0.6b-shape/config.json ]] || python3 -m models make qwen3-0.6b-shape --device cuda
+  [[ -f models/qwen3-30b-a3b-shape-2l/config.json ]] \
+    || python3 -m models make qwen3-30b-a3b-shape --layers 2 --device cuda
 }
 
 maybe_timeout() {  # maybe_timeout SECONDS CMD...: CMD, stopped after SECONDS when that is set
@@ -166,7 +169,12 @@ case $MODE in
           --model "$burst_model" --options "$options" >> "$results_dir/served.jsonl" || status=$?
       done
     done ;;
-  *) echo "usage: $0 download|tests|bench|all|tp|tp8b|kv|served"; exit 2 ;;
+  moe-tune) # the fused MoE kernel's configs for Qwen3-30B-A3B's shape on this GPU, into the results folder and
+    # stage4_fast/kernel/moe_configs/ (so that tests and benchmarks run later on this copy take them)
+    python3 -m bench moe-tune --experts 128 --n 768 --hidden 2048 --top-k 8 --out "$results_dir/moe_configs" \
+      && mkdir -p stage4_fast/kernel/moe_configs && cp "$results_dir"/moe_configs/*.json stage4_fast/kernel/moe_configs/ \
+      || status=$? ;;
+  *) echo "usage: $0 download|tests|bench|all|tp|tp8b|kv|served|moe-tune"; exit 2 ;;
 esac
 if [[ ${SAVE_JIT:-0} == 1 ]]; then
   (cd /tmp && tar czf - jit) | split -b 15m - "$results_dir/jit.tgz." && echo "JIT cache saved to $results_dir/jit.tgz.*"

@@ -5,6 +5,9 @@ alignment is torch with no host sync and worst-case sizes, so the MoE forward fi
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any, Dict, Tuple
 
 import torch
@@ -12,6 +15,8 @@ import triton
 import triton.language as tl
 
 from . import triton_interpreting
+
+CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 
 
 @triton.jit
@@ -82,9 +87,22 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int,
     return sorted_ids, expert_ids.to(torch.int32), padded_end[-1:].to(torch.int32)
 
 
-def get_default_config(num_tokens: int, num_experts: int) -> Dict[str, int]:
+@functools.lru_cache(maxsize=None)
+def tuned_configs(num_experts: int, n: int, device_name: str) -> Dict[int, Dict[str, int]]:
+    """SGLang's file format: ``moe_configs/E=..,N=..,device_name=...json`` (N: the intermediate size per rank) maps
+    token counts to a config (BLOCK_SIZE_M, ..., num_warps, num_stages); written by ``python -m bench moe-tune``."""
+    path = CONFIG_DIR / f"E={num_experts},N={n},device_name={device_name}.json"
+    configs = json.loads(path.read_text()) if path.exists() else {}
+    return {int(m): {k.replace("_SIZE", ""): v for k, v in c.items()} for m, c in configs.items()}
+
+
+def get_moe_config(num_tokens: int, num_experts: int, n: int, dtype: torch.dtype) -> Dict[str, int]:
     if triton_interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1)
+    # tuned in 16-bit: fp32 tiles of the same size may not fit the shared memory
+    tuned = tuned_configs(num_experts, n, torch.cuda.get_device_name().replace(" ", "_")) if dtype.itemsize == 2 else {}
+    if tuned:  # the nearest tuned token count
+        return tuned[min(tuned, key=lambda m: abs(m - num_tokens))]
     if num_tokens <= num_experts:  # decode: few rows per expert
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1)
     return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8)
@@ -107,24 +125,20 @@ def invoke_fused_moe_kernel(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, t
 
 
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    """hidden [M, H]; w1 [E, 2I, H] (gate then up); w2 [E, H, I]; topk [M, k] -> a new [M, H] tensor."""
+                  topk_ids: torch.Tensor, activation: str = "silu", config: Dict | None = None) -> torch.Tensor:
+    """hidden [M, H]; w1 [E, 2I, H] (gate then up); w2 [E, H, I]; topk [M, k] -> a new [M, H] tensor. ``config``:
+    the launch's tiles (and num_warps, num_stages), else the tuned or default ones for this M."""
     num_tokens, hidden = hidden_states.shape
     num_experts, two_i, _ = w1.shape
     top_k = topk_ids.shape[1]
-    config = get_default_config(num_tokens, num_experts)
+    config = config or get_moe_config(num_tokens, num_experts, w2.shape[2], hidden_states.dtype)
     sorted_ids, expert_ids, num_post_pad = moe_align_block_size(topk_ids, config["BLOCK_M"], num_experts)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)
     gate_up = hidden_states.new_empty(num_tokens * top_k, two_i)
     invoke_fused_moe_kernel(hidden_states, w1, gate_up, weights, sorted_ids, expert_ids, num_post_pad,
                             False, top_k, config)
     gate, up = gate_up.chunk(2, dim=-1)
-    if activation == "silu":
-        act = torch.nn.functional.silu(gate) * up
-    elif activation == "gelu":
-        act = torch.nn.functional.gelu(gate) * up
-    else:
-        raise ValueError(f"unsupported MoE activation {activation!r}")
+    act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation](gate) * up
     down = hidden_states.new_empty(num_tokens * top_k, hidden)
     invoke_fused_moe_kernel(act, w2, down, weights, sorted_ids, expert_ids, num_post_pad, True, 1, config)
     return down.view(num_tokens, top_k, hidden).sum(dim=1)

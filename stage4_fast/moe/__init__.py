@@ -7,19 +7,11 @@ from typing import Callable
 import torch
 
 from ..utils import Registry
-from .base import BaseMoeBackend
+from .base import BaseMoeBackend, FusedMoe, TorchMoe
 from .topk import fused_topk
-from .torch_ref import TorchMoe
-
-
-def _fused() -> BaseMoeBackend:
-    from .fused import FusedMoe
-
-    return FusedMoe()
-
 
 SUPPORTED_MOE_BACKENDS: Registry[Callable[[], BaseMoeBackend]] = Registry("MoE backend")
-SUPPORTED_MOE_BACKENDS.register("fused")(_fused)
+SUPPORTED_MOE_BACKENDS.register("fused")(FusedMoe)
 SUPPORTED_MOE_BACKENDS.register("torch")(TorchMoe)
 
 

@@ -4,6 +4,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from ..kernel.ref import fused_experts_ref
 from .topk import apply_weights_on_input, fused_topk
 
 
@@ -23,3 +24,24 @@ class BaseMoeBackend(ABC):
     def experts(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, activation: str) -> torch.Tensor:
         """Each token through its top-k experts ([M, k] ids and weights), weighted and summed -> [M, H]."""
+
+
+class TorchMoe(BaseMoeBackend):
+    """Reference: one plain GEMM pair per expert that received tokens (as HF does)."""
+
+    def experts(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, activation: str) -> torch.Tensor:
+        return fused_experts_ref(hidden_states, w1, w2, topk_weights, topk_ids, activation)
+
+
+class FusedMoe(BaseMoeBackend):
+    """The Triton grouped GEMM (``kernel/triton_moe.py``): two launches for all experts."""
+
+    def __init__(self) -> None:
+        from ..kernel.triton_moe import fused_experts  # Triton is needed only when this backend is used
+
+        self._fused_experts = fused_experts
+
+    def experts(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, activation: str) -> torch.Tensor:
+        return self._fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, activation)

@@ -72,3 +72,63 @@ def test_router_matches_hf_qwen3_moe():
         weights, ids = fused_topk(x, logits, 3, renormalize=norm)
         assert torch.equal(ids.long(), hf_ids)
         torch.testing.assert_close(weights, hf_weights.float(), atol=0, rtol=0)
+
+
+def test_an_explicit_config_with_warps_and_stages_reaches_the_launch():
+    """A tuned config carries num_warps / num_stages besides the tiles: the launch takes them (the interpreter
+    accepts and ignores them), and the result is the reference's."""
+    x, w1, w2, logits = _problem(3, 9, 8, 64, 32, 2)
+    weights, ids = fused_topk(x, logits, 2, renormalize=True)
+    config = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1, num_warps=8, num_stages=4)
+    torch.testing.assert_close(fused_experts(x, w1, w2, weights, ids, config=config),
+                               fused_experts_ref(x, w1, w2, weights, ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def moe_config_dir(tmp_path, monkeypatch):
+    """A config folder of its own, the GPU name an H100's, the interpreter off (as on a GPU)."""
+    from stage4_fast.kernel import triton_moe
+
+    monkeypatch.setattr(triton_moe, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(triton_moe, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H100 80GB HBM3")
+    triton_moe.tuned_configs.cache_clear()
+    yield tmp_path
+    triton_moe.tuned_configs.cache_clear()
+
+
+def test_a_tuned_config_file_gives_the_nearest_token_counts_config(moe_config_dir):
+    import json
+
+    from stage4_fast.kernel.triton_moe import get_moe_config
+
+    small = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+             "num_stages": 4}
+    large = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16, "num_warps": 8,
+             "num_stages": 3}
+    # SGLang's name and format: E experts, N = the intermediate size per rank (w2's last dim), the GPU's name
+    (moe_config_dir / "E=8,N=64,device_name=NVIDIA_H100_80GB_HBM3.json").write_text(
+        json.dumps({"1": small, "256": large}))
+    bf16 = torch.bfloat16
+    assert get_moe_config(1, 8, 64, bf16) == dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1, num_warps=4,
+                                                  num_stages=4)
+    assert get_moe_config(100, 8, 64, bf16)["BLOCK_M"] == 16  # nearer 1 than 256
+    assert get_moe_config(200, 8, 64, bf16)["BLOCK_M"] == 64
+    assert get_moe_config(100_000, 8, 64, bf16)["num_warps"] == 8
+
+
+def test_without_a_tuned_file_the_heuristic_config_stays(moe_config_dir, monkeypatch):
+    import json
+
+    from stage4_fast.kernel import triton_moe
+
+    (moe_config_dir / "E=8,N=64,device_name=NVIDIA_H100_80GB_HBM3.json").write_text(json.dumps(
+        {"1": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+               "num_stages": 4}}))
+    decode = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1)
+    assert triton_moe.get_moe_config(1, 8, 32, torch.bfloat16) == decode  # another N: no file
+    assert triton_moe.get_moe_config(1, 16, 64, torch.bfloat16) == decode  # another E
+    assert triton_moe.get_moe_config(1, 8, 64, torch.float32) == decode  # tuned in 16-bit only
+    assert triton_moe.get_moe_config(100, 8, 64, torch.float32)["BLOCK_M"] == 64
+    monkeypatch.setattr(triton_moe, "triton_interpreting", lambda: True)  # the interpreter keeps its small tiles
+    assert triton_moe.get_moe_config(1, 8, 64, torch.bfloat16) == dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1)
