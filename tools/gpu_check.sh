@@ -173,7 +173,7 @@ case $MODE in
     # stage4_fast/kernel/moe_configs/ (so that tests and benchmarks run later on this copy take them)
     python3 -m bench moe-tune --experts 128 --n 768 --hidden 2048 --top-k 8 --out "$results_dir/moe_configs" \
       && mkdir -p stage4_fast/kernel/moe_configs && cp "$results_dir"/moe_configs/*.json stage4_fast/kernel/moe_configs/ \
-      || status=$? ;;
+      && tar czf "$results_dir/moe_configs.tgz" -C "$results_dir" moe_configs || status=$? ;;  # a plain name to copy
   *) echo "usage: $0 download|tests|bench|all|tp|tp8b|kv|served|moe-tune"; exit 2 ;;
 esac
 if [[ ${SAVE_JIT:-0} == 1 ]]; then
