@@ -118,8 +118,7 @@ class Scheduler(SchedulerIOMixin):
         self.prefill_manager.add_one_req(msg)
 
     def _abort_req(self, uid: int) -> None:
-        # Fix of upstream bug 4: upstream frees it here while the batch in flight may hold it (double free);
-        # _finish_req defers the release and its results are dropped.
+        # Fix of upstream bug 4 (freed here while the batch in flight may hold it): _finish_req defers the release
         if self.prefill_manager.has_req(uid):
             req = self.prefill_manager.abort_req(uid)  # its chunk in progress, if one was admitted
         elif (req := self.decode_manager.abort_req(uid)) is None:
@@ -212,8 +211,7 @@ class Scheduler(SchedulerIOMixin):
             self.send_result(reply)
 
     def _reject_stuck_head(self) -> None:
-        """Nothing runs or is in flight, yet no prefill forms: answer the head request with an error instead of
-        spinning forever (upstream bug 6; admission rules make this unreachable)."""
+        """Nothing in flight and no prefill forms: reject the head request, not spin (upstream bug 6; unreachable)."""
         pending = self.prefill_manager.pending_list[0]
         self.prefill_manager.abort_req(pending.uid)
         logger.error("request %d can never be scheduled; rejecting it", pending.uid)
