@@ -1,6 +1,5 @@
 """Request/batch state and the global context the model reads during a forward. It names backend and cache types
-only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one).
-"""
+only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one)."""
 
 from __future__ import annotations
 
@@ -67,8 +66,7 @@ class SamplingParams:
 
     @property
     def uses_api_fields(self) -> bool:
-        """Whether the request asks for a field that ``Sampler._prepare_api_fields`` builds tensors for (a field
-        added there is added here)."""
+        """Whether the request asks for a field ``Sampler._prepare_api_fields`` builds tensors for (kept in step)."""
         return bool(self.logit_bias) or self.logprobs is not None or self.has_penalty or self.min_tokens > 0
 
     @property
@@ -144,8 +142,7 @@ class Req:
         return self.device_len < self.max_device_len  # remain_len > 0, without a second property call
 
     def complete_one(self) -> None:
-        """Called right after a forward is launched: everything up to device_len now has KV, and the token
-        being sampled occupies the next position."""
+        """Right after a forward's launch: all up to device_len has KV; the token being sampled takes the next slot."""
         self.cached_len = self.device_len
         self.device_len += 1
 
@@ -217,8 +214,7 @@ class Batch:
 
     @property
     def num_prefill_reqs(self) -> int:
-        """The requests this batch prefills (a prompt or a chunk of one): all of a prefill batch but its mixed-in
-        decode requests; none of a decode batch."""
+        """The requests this batch prefills: a prefill batch's but its mixed-in decode requests; none of a decode's."""
         return len(self.reqs) - self.decode_reqs if self.is_prefill else 0
 
     @property

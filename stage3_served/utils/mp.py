@@ -1,8 +1,7 @@
 """ZMQ queues between the server's processes: PUSH/PULL pipes and a PUB/SUB broadcast, sync and asyncio.
 
 A queue owns its context and one socket (``create=True`` binds, else connects); a message is ``msgpack(encoder(obj))``.
-High-water marks are unbounded: ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued messages.
-"""
+High-water marks are unbounded: ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued messages."""
 
 from __future__ import annotations
 

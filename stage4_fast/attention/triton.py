@@ -141,8 +141,7 @@ class TritonBackend(BaseAttnBackend):
                                                         self._prefill_block_m)
 
     def prepare_for_prefill_capture(self, batch: Batch) -> None:
-        """After prepare_metadata(batch): its metadata copied into the fixed buffers (shared by every token count's
-        graph) and read from them."""
+        """After prepare_metadata(batch): its metadata moves into the fixed buffers every token count's graph reads."""
         cap = self.prefill_capture
         assert cap is not None, "init_prefill_capture first"
         self.prepare_for_prefill_replay(batch)

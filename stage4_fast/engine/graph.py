@@ -2,8 +2,7 @@
 
 A replay first copies the real batch's inputs (``copy_from``) and attention metadata in. On CPU, ``EmulatedGraph``
 re-runs a closure over the *capture* batch, so an input not copied in gives a wrong result there too. Each graph ends
-in its logits' greedy argmax (``greedy_tokens``); with PDL kernels it is rewired (``kernel/pdl_graph.py``).
-"""
+in its logits' greedy argmax (``greedy_tokens``); with PDL kernels it is rewired (``kernel/pdl_graph.py``)."""
 
 from __future__ import annotations
 

@@ -69,8 +69,7 @@ def _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visib
     return acc, m_new, l_i
 
 
-# Eager decodes reuse the variant the CUDA graphs compiled: num_splits is not specialised on, and eager scratch is
-# SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
+# Eager decodes reuse the graphs' compiled variant: num_splits is not specialised on, scratch is as wide as theirs
 SCRATCH_SPLIT_ALIGN = 16
 _DECODE_UNSPECIALISED = ["num_splits"]
 

@@ -1,8 +1,7 @@
 """Linear layers in their tensor-parallel splits (weight layout [local_out, local_in]).
 
 Column-parallel kinds (merged gate/up, fused QKV) split the outputs and need no communication; the row-parallel
-kinds (o_proj, down_proj) split the inputs, so each rank holds a partial sum that is all-reduced.
-"""
+kinds (o_proj, down_proj) split the inputs, so each rank holds a partial sum that is all-reduced."""
 
 from __future__ import annotations
 

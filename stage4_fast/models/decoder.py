@@ -2,14 +2,12 @@
 options and, for MoE models, a sparse MLP on the layers HF makes sparse (`ModelConfig.is_sparse_layer`; upstream
 puts one on every layer and cannot load a model with dense layers).
 
-Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj), e.g.
-`model.layers.3.self_attn.qkv_proj.weight`.
+Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj): `model.layers.3.mlp.gate_up_proj`.
 
 Deferred norms (bf16 on a GPU): norm(h) W^T = r(h) * (h (W diag(w))^T) with r(h) = rsqrt(mean(h^2) + eps), so w
 is folded into the projection, which reads the residual stream h, and the kernel after it applies r(h); with the
 residual adds in the o and down GEMMs a layer has no norm kernel. fp32 and fp16 keep the norms (fp16's range is too
-small for a projection of unnormalised rows).
-"""
+small for a projection of unnormalised rows)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ def setup_worker_process(role: str) -> None:
 
 
 def freeze_startup_heap() -> None:
-    """Move every object alive now out of the collector's reach (`gc.freeze`, as vLLM and SGLang do): a full
-    collection would otherwise walk the whole start-up heap (model, modules, app), pausing every request. Only for a
-    process the engine owns: a frozen object is never collected."""
+    """`gc.freeze` (as vLLM and SGLang): a full collection would walk the whole start-up heap, pausing every request.
+    Only for a process the engine owns: a frozen object is never collected."""
     gc.collect()
     gc.freeze()
