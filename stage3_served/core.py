@@ -28,8 +28,7 @@ class SamplingParams:
     # stage 3 (the API exposes them): a per-request sampling seed, and token ids that end the request like EOS
     seed: int | None = None
     stop_token_ids: List[int] = field(default_factory=list)
-    # the text leaves special tokens (<|im_end|>, ...) out, as vLLM and SGLang (the token ids keep them)
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool = True  # the text leaves <|im_end|>, ... out (vLLM, SGLang); the token ids keep them
 
     @property
     def is_greedy(self) -> bool:

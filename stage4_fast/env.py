@@ -36,7 +36,7 @@ class _Env:
     # the idle KV check walks the whole prefix cache (slow at a million tokens): off by default, on in the test suites
     CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
     STEP_LOG = EnvVar("STEP_LOG", "", str)  # a file for a JSON line per loop (scheduler/step_log.py); unset: none
-    # the interactive shell's sampling (`--shell`): greedy and 256 tokens, not upstream's rambling 0.6 / 2048
+    # `--shell`'s sampling: greedy and 256 tokens, not upstream's rambling 0.6 / 2048
     SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 256, int)
     SHELL_TOP_K = EnvVar("SHELL_TOP_K", -1, int)
     SHELL_TOP_P = EnvVar("SHELL_TOP_P", 1.0, float)

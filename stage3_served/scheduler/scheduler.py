@@ -55,8 +55,7 @@ class ForwardData(NamedTuple):
 
     fwd_input: ForwardInput
     fwd_output: ForwardOutput
-    # Fix of upstream bug 1: whether each request's token of THIS batch is its last, taken at launch
-    length_finished: Sequence[bool]
+    length_finished: Sequence[bool]  # upstream bug 1's fix: is each request's token of THIS batch its last, at launch
     batch_id: int  # launch order, to know when a released request's last batch has completed
 
 
@@ -67,8 +66,7 @@ class Scheduler(SchedulerIOMixin):
         self.config = config
         self.engine = Engine(config)
         self.device = self.engine.device
-        # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
-        self.stream = create_stream(self.device)
+        self.stream = create_stream(self.device)  # scheduling work's own stream on a GPU, as upstream
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
         self.cache_manager = CacheManager(self.engine.num_pages, page_size, self.engine.page_table, config.cache_type)
@@ -79,14 +77,12 @@ class Scheduler(SchedulerIOMixin):
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         self.overlap_scheduling = config.overlap_scheduling and not ENV.DISABLE_OVERLAP_SCHEDULING.value
-        # finished or aborted requests whose resources are not released yet (results for them are stale)
-        self.finished_reqs: Set[Req] = set()
+        self.finished_reqs: Set[Req] = set()  # finished or aborted, resources not released yet: results are stale
         self._release_queue: Deque[Tuple[int, Req]] = deque()  # (release once this batch id completed, req)
         self._launched_id = 0  # newest launched batch
         self._done_id = 0  # newest batch whose results were processed (batches complete in launch order)
         self._last_was_chunk = False
-        # uid -> prompt tokens the prefix cache served, from admission to the first token (reported as usage)
-        self._cached_prompt: Dict[int, int] = {}
+        self._cached_prompt: Dict[int, int] = {}  # uid -> prompt tokens the prefix cache served (usage), till 1st token
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
         super().__init__(config)
 

@@ -94,8 +94,7 @@ class GatedDeltaNet(BaseOP):
 
 
 class GatedRopeAttn(BaseOP):
-    """Full attention with an output gate and partial RoPE; q_proj's rows are [q_h | gate_h] per head, built as a
-    QKV projection of twice the query heads."""
+    """Full attention with an output gate and partial RoPE: q_proj's rows are [q_h | gate_h] (twice the query heads)."""
 
     def __init__(self, config: ModelConfig, kv_layer_id: int, has_attn_bias: bool):
         tp = get_tp_info().size

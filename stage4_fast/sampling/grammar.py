@@ -60,8 +60,7 @@ def _compile_error(kind: str, e: Exception) -> GrammarError:
 
 
 class GrammarBackend:
-    """One matcher per request with a grammar (by uid). The compiler takes seconds to build, so a server builds it
-    at start-up (``warm_up_in_background``) rather than stall every stream on the first such request."""
+    """A matcher per request with a grammar; a server builds the compiler (seconds) at start-up, in the background."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int) -> None:
         self.tokenizer = tokenizer
