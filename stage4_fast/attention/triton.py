@@ -1,6 +1,5 @@
-"""Triton backend: the paged kernels of ``kernel/triton_attention.py`` and ``triton_prefill.py`` (a CPU runs them
-under Triton's interpreter). They read the page table through each request's row, so the metadata is three small
-vectors; captured graphs read them from fixed buffers."""
+"""Triton backend: the paged kernels of ``kernel/triton_attention.py`` and ``triton_prefill.py`` (a CPU interprets
+them). Each reads the page table through its request's row: the metadata is three small vectors (graphs: buffers)."""
 
 from __future__ import annotations
 

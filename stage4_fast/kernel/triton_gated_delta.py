@@ -11,8 +11,7 @@ import triton.language as tl
 @triton.jit
 def _recurrent_step_kernel(x_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, x_stride, scale,
                            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
-    # x [B, 2 * HK * DK + HV * DV] (q | k | v), g [B, HV] fp32 log decay, beta [B, HV], o [B, HV, DV],
-    # state [num_slots, HV, DK, DV] fp32, slots [B] int64
+    # x [B, 2 HK DK + HV DV] (q|k|v), g [B, HV] fp32 log decay, beta [B, HV], o [B, HV, DV], state fp32, slots int64
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vb = tl.program_id(2)

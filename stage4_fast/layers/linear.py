@@ -108,8 +108,7 @@ class LinearRowParallel(_LinearTPImpl):
             residual.addmm_(x, self.weight.t())
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + this layer's output, written over ``residual``: the add rides in the GEMM (beta = 1); under
-        TP only rank 0's partial sum adds the residual before the all-reduce."""
+        """residual + this layer's output over ``residual``, added in the GEMM (beta = 1; under TP by rank 0 only)."""
         if self.bias is not None:
             return residual.add_(self.forward(x))
         if self._tp_size == 1:
@@ -126,8 +125,7 @@ class LinearOProj(LinearRowParallel):
 
 
 def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
-    """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros), so that cuBLAS's first-call
-    kernel choice for a new shape is not paid by an eager prefill step. Returns the number of distinct projections."""
+    """Run every distinct projection once at each of ``row_counts`` (cuBLAS's first-call pick); returns their count."""
     layers: Dict[tuple, _LinearTPImpl] = {}
     for op in model.walk():
         if isinstance(op, _LinearTPImpl):

@@ -90,8 +90,7 @@ class DecoderModel(BaseOP):
         return self.norm.forward(x, residual)[0]  # the final norm folds in the last residual
 
     def defer_norms(self) -> None:
-        """Fold each layer's norm weights into the projections after them (module docstring); the norms keep unit
-        weight for one-token forwards."""
+        """Fold each layer's norm weights into the projections after them (module docstring), the norms to unit."""
         for layer in self.layers.op_list:
             for norm, proj in ((layer.input_layernorm, layer.self_attn.qkv_proj),
                                (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
@@ -105,8 +104,7 @@ class DecoderForCausalLM(BaseLLMModel):
         self._attach(config, DecoderModel(config, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm))
 
     def _attach(self, config: ModelConfig, model: DecoderModel) -> None:
-        """The decoder stack and the LM head on top of it (tied to its embedding when the config says so); a model
-        with other layers (the Qwen3.5 hybrid) passes its own stack."""
+        """The decoder stack (the Qwen3.5 hybrid passes its own) and the LM head, tied to its embedding if so set."""
         self.model = model
         tied = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_word_embeddings=tied,
