@@ -89,7 +89,8 @@ class ManualBatcher:
         return out.next_tokens_cpu.tolist()
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling_params: SamplingParams) -> List[List[int]]:
-        """Prefill all prompts in one batch, then decode them to max_tokens (no EOS check); more prompts than slots run in groups."""
+        """Prefill all prompts in one batch, then decode them together (EOS is not checked: a request runs until
+        max_tokens). More prompts than request slots run in consecutive groups."""
         outputs: List[List[int]] = []
         group = self.engine.config.max_running_req
         for start in range(0, len(prompts), group):

@@ -21,8 +21,7 @@ from .norm import RMSNormFused
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            silu_mul_input: bool = False) -> torch.Tensor:
     """F.linear, or the Triton GEMV for a one-token 16-bit GPU forward (cuBLAS is latency-bound there).
-    ``silu_mul_input``: x is [gate | up] and the layer's input is silu(gate) * up (the MLP's down projection); the
-    GEMV computes it on the fly, one kernel less."""
+    ``silu_mul_input``: x is [gate | up], the input silu(gate) * up (down_proj), computed on the fly by the GEMV."""
     gemv = gemv_kernel_for(x)
     if gemv is not None and weight.stride(-1) == 1:
         return gemv.gemv(x, weight, bias, gated=silu_mul_input)
