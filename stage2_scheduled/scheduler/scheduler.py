@@ -1,11 +1,10 @@
 """The per-rank control loop: admit requests, form a batch (prefill or decode), run it, hand out tokens, free.
 
-Overlap scheduling (`overlap_loop`, the default) launches batch N+1 before processing batch N's results: N's tokens
-reach N+1 device to device through `token_pool`. `normal_loop` (MINISGL_DISABLE_OVERLAP_SCHEDULING=1) processes each
-batch right after its forward. Being one step behind causes upstream's races (stage2_scheduled/README.md, defects
-1-4). The fixes: results are judged by state snapshotted at launch (1); results for a finished or aborted request
-are dropped (2, 4); its slot and pages are released only once every batch launched so far has completed (3, 4).
-"""
+Overlap scheduling (`overlap_loop`, the default; else `normal_loop`) launches batch N+1 before processing batch N's
+results, N's tokens reaching N+1 through `token_pool`. Being one step behind causes upstream's races
+(stage2_scheduled/README.md, defects 1-4), fixed here: results are judged by state snapshotted at launch (1) and
+dropped for a finished or aborted request (2, 4), whose slot and pages are released once every batch launched so far
+has completed (3, 4)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_pr
 Deferred norms (bf16 on a GPU): norm(h) W^T = r(h) * (h (W diag(w))^T) with r(h) = rsqrt(mean(h^2) + eps), so w
 is folded into the projection, which reads the residual stream h, and the kernel after it applies r(h); with the
 residual adds in the o and down GEMMs a layer has no norm kernel. fp32 and fp16 keep the norms (fp16's range is too
-small for a projection of unnormalised rows)."""
+small for a projection of unnormalised rows).
+"""
 
 from __future__ import annotations
 
