@@ -1,6 +1,5 @@
 """Request/batch state and the global context the model reads during a forward. It names backend and cache types
-only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one).
-"""
+only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one)."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class Req:
         return self.remain_len > 0
 
     def complete_one(self) -> None:
-        """Called right after a forward is launched: everything up to device_len now has KV, and the token
-        being sampled occupies the next position."""
+        """Right after a forward's launch: all up to device_len has KV; the token being sampled takes the next slot."""
         self.cached_len = self.device_len
         self.device_len += 1
 

@@ -33,8 +33,7 @@ def _engine(model_dir: str, options: dict) -> Engine:
         _ENGINES.move_to_end(key)
         return _ENGINES[key]
     kwargs = {_CONFIG_FIELD[name]: value for name, value in options.items()}
-    # The suite keeps several engines alive in one process; on a GPU each would otherwise size its KV pool to 90% of
-    # the free memory and the second one would not fit. 16k tokens is plenty for the suite's workloads.
+    # several engines live in one process: a GPU's would each size their KV pool to 90% of the free memory
     kwargs.setdefault("num_page_override", 16384 // options.get("page_size", 1))
     engine = Engine(EngineConfig(str(model_dir), dtype=torch.float32, **kwargs))
     _ENGINES[key] = engine

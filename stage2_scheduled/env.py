@@ -33,8 +33,7 @@ def _parse_bool(raw: str) -> bool:
 
 class _Env:
     DISABLE_OVERLAP_SCHEDULING = EnvVar("DISABLE_OVERLAP_SCHEDULING", False, _parse_bool)
-    # the idle scheduler's KV check walks the whole prefix cache (slow at a million tokens, delaying the next
-    # request); by default only sizes are checked, the test suites switch it on
+    # the idle KV check walks the whole prefix cache (slow at a million tokens): off by default, on in the test suites
     CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
 
 

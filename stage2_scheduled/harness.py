@@ -26,8 +26,7 @@ _CONFIG_FIELD = {
     "max_extend_tokens": "max_extend_tokens",
     "overlap": "overlap_scheduling",
 }
-# Loading a model dominates a small generate call, so LLMs are reused within a process (a second call then finds
-# the first one's prefixes in the radix cache, as a server would). Keep only a few alive (memory).
+# Loading a model dominates a small generate call: LLMs are reused within a process, a few at most (memory)
 _LLMS: OrderedDict[Tuple[Any, ...], LLM] = OrderedDict()
 _MAX_CACHED_LLMS = 2
 
@@ -38,8 +37,7 @@ def _llm(model_dir: str, options: dict) -> LLM:
         _LLMS.move_to_end(key)
         return _LLMS[key]
     kwargs = {_CONFIG_FIELD[name]: value for name, value in options.items()}
-    # The suite keeps several engines alive in one process; on a GPU each would otherwise size its KV pool to 90% of
-    # the free memory and the second one would not fit. 16k tokens is plenty for the suite's workloads.
+    # several engines live in one process: a GPU's would each size their KV pool to 90% of the free memory
     kwargs.setdefault("num_page_override", 16384 // options.get("page_size", 1))
     llm = LLM(str(model_dir), dtype=torch.float32, **kwargs)
     _LLMS[key] = llm

@@ -1,6 +1,5 @@
 """Request/batch state and the global context the model reads during a forward. It names backend and cache types
-only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one).
-"""
+only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ class SamplingParams:
     # stage 3 (the API exposes them): a per-request sampling seed, and token ids that end the request like EOS
     seed: int | None = None
     stop_token_ids: List[int] = field(default_factory=list)
-    # the text leaves special tokens (<|im_end|>, ...) out, as vLLM and SGLang (the token ids keep them)
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool = True  # the text leaves <|im_end|>, ... out (vLLM, SGLang); the token ids keep them
 
     @property
     def is_greedy(self) -> bool:
@@ -67,8 +65,7 @@ class Req:
         return self.remain_len > 0
 
     def complete_one(self) -> None:
-        """Called right after a forward is launched: everything up to device_len now has KV, and the token
-        being sampled occupies the next position."""
+        """Right after a forward's launch: all up to device_len has KV; the token being sampled takes the next slot."""
         self.cached_len = self.device_len
         self.device_len += 1
 

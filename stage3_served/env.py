@@ -33,10 +33,9 @@ def _parse_bool(raw: str) -> bool:
 
 class _Env:
     DISABLE_OVERLAP_SCHEDULING = EnvVar("DISABLE_OVERLAP_SCHEDULING", False, _parse_bool)
-    # the idle scheduler's KV check walks the whole prefix cache (slow at a million tokens, delaying the next
-    # request); by default only sizes are checked, the test suites switch it on
+    # the idle KV check walks the whole prefix cache (slow at a million tokens): off by default, on in the test suites
     CHECK_CACHE_DEEP = EnvVar("CHECK_CACHE_DEEP", False, _parse_bool)
-    # the interactive shell's sampling (`--shell`): greedy and 256 tokens, not upstream's rambling 0.6 / 2048
+    # `--shell`'s sampling: greedy and 256 tokens, not upstream's rambling 0.6 / 2048
     SHELL_MAX_TOKENS = EnvVar("SHELL_MAX_TOKENS", 256, int)
     SHELL_TOP_K = EnvVar("SHELL_TOP_K", -1, int)
     SHELL_TOP_P = EnvVar("SHELL_TOP_P", 1.0, float)

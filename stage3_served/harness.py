@@ -37,8 +37,7 @@ _CONFIG_FIELD = {
     "max_extend_tokens": "max_extend_tokens",
     "overlap": "overlap_scheduling",
 }
-# Loading a model dominates a small generate call, so LLMs are reused within a process (a second call then finds
-# the first one's prefixes in the radix cache, as a server would). Keep only a few alive (memory).
+# Loading a model dominates a small generate call: LLMs are reused within a process, a few at most (memory)
 _LLMS: OrderedDict[Tuple[Any, ...], LLM] = OrderedDict()
 _MAX_CACHED_LLMS = 2
 
@@ -49,8 +48,7 @@ def _llm(model_dir: str, options: dict) -> LLM:
         _LLMS.move_to_end(key)
         return _LLMS[key]
     kwargs = {_CONFIG_FIELD[name]: value for name, value in options.items()}
-    # The suite keeps several engines alive in one process; on a GPU each would otherwise size its KV pool to 90% of
-    # the free memory and the second one would not fit. 16k tokens is plenty for the suite's workloads.
+    # several engines live in one process: a GPU's would each size their KV pool to 90% of the free memory
     kwargs.setdefault("num_page_override", 16384 // options.get("page_size", 1))
     llm = LLM(str(model_dir), dtype=torch.float32, **kwargs)
     _LLMS[key] = llm
@@ -121,8 +119,7 @@ class ServerProcess:
 @contextmanager
 def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_args: Sequence[str] = (),
                    **options: Any) -> Iterator[ServerProcess]:
-    """`python -m stage3_served` on a free port of 127.0.0.1 in its own session, ready (health 200) on entry,
-    stopped with SIGTERM on exit. When the test fails, the server's log is kept and its tail printed."""
+    """`python -m stage3_served` on a free local port, ready on entry, SIGTERM on exit; a failed test prints its log."""
     if unknown := set(options) - OPTIONS:
         raise TypeError(f"stage3_served's server does not understand option(s) {sorted(unknown)}")
     port = free_port()

@@ -1,6 +1,5 @@
 """Request/batch state and the global context the model reads during a forward. It names backend and cache types
-only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one).
-"""
+only for type checking, so the other packages import it without a cycle (upstream's imports tie 16 files into one)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class SamplingParams:
     # stage 3 (the API exposes them): a per-request sampling seed, and token ids that end the request like EOS
     seed: int | None = None
     stop_token_ids: List[int] = field(default_factory=list)
-    # the text leaves special tokens (<|im_end|>, ...) out, as vLLM and SGLang (the token ids keep them)
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool = True  # the text leaves <|im_end|>, ... out (vLLM, SGLang); the token ids keep them
     # stage 4, the production API (sampling/): vLLM / SGLang semantics, neutral by default
     presence_penalty: float = 0.0  # subtracted from the logit of every token the output already holds
     frequency_penalty: float = 0.0  # ... times how often it holds it
@@ -47,10 +45,8 @@ class SamplingParams:
     json_schema: str | None = None  # the output is JSON valid against this schema (JSON text)
     regex: str | None = None  # the output matches this regular expression
     ebnf: str | None = None  # the output is a sentence of this EBNF grammar (xgrammar's dialect; its rule `root`)
-    # free text until a trigger, then a tagged structure (JSON: xgrammar's structural tag, or the older form)
-    structural_tag: str | None = None
-    # free whitespace between a JSON schema's tokens (vLLM's disable_any_whitespace: false); none by default
-    json_any_whitespace: bool = False
+    structural_tag: str | None = None  # free text until a trigger, then a tagged structure (xgrammar's, JSON)
+    json_any_whitespace: bool = False  # free whitespace between a JSON schema's tokens (vLLM's default)
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before the output has this many tokens (vLLM's)
 
     def __post_init__(self) -> None:
@@ -67,8 +63,7 @@ class SamplingParams:
 
     @property
     def uses_api_fields(self) -> bool:
-        """Whether the request asks for a field that ``Sampler._prepare_api_fields`` builds tensors for (a field
-        added there is added here)."""
+        """Whether the request asks for a field ``Sampler._prepare_api_fields`` builds tensors for (kept in step)."""
         return bool(self.logit_bias) or self.logprobs is not None or self.has_penalty or self.min_tokens > 0
 
     @property
@@ -144,8 +139,7 @@ class Req:
         return self.device_len < self.max_device_len  # remain_len > 0, without a second property call
 
     def complete_one(self) -> None:
-        """Called right after a forward is launched: everything up to device_len now has KV, and the token
-        being sampled occupies the next position."""
+        """Right after a forward's launch: all up to device_len has KV; the token being sampled takes the next slot."""
         self.cached_len = self.device_len
         self.device_len += 1
 
@@ -197,8 +191,7 @@ class Batch:
     out_loc: torch.Tensor = field(init=False)
     padded_reqs: List[Req] = field(init=False)  # set by the graph runner's pad_batch
     attn_metadata: BaseAttnMetadata = field(init=False)  # set by the attention backend
-    # the padded requests' lengths at preparation, built once (attention/utils.py: batch_seq_lens)
-    host_lens: SeqLens | None = field(default=None, init=False)
+    host_lens: SeqLens | None = field(default=None, init=False)  # the padded requests' lens (batch_seq_lens)
     # hybrid models only: per-request state slots of the linear-attention layers (attention/hybrid_linear.py)
     state_metadata: LinearAttnMetadata | None = field(default=None, init=False)
     # prefill only, for prompt logprobs (echo): the LM head keeps the final hidden states of these token rows
@@ -217,8 +210,7 @@ class Batch:
 
     @property
     def num_prefill_reqs(self) -> int:
-        """The requests this batch prefills (a prompt or a chunk of one): all of a prefill batch but its mixed-in
-        decode requests; none of a decode batch."""
+        """The requests this batch prefills: a prefill batch's but its mixed-in decode requests; none of a decode's."""
         return len(self.reqs) - self.decode_reqs if self.is_prefill else 0
 
     @property

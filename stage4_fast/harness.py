@@ -35,8 +35,7 @@ _CONFIG_FIELD = {"page_size": "page_size", "max_running_req": "max_running_req",
                  "attention_backend": "attention_backend", "cache_type": "cache_type",
                  "max_extend_tokens": "max_extend_tokens", "overlap": "overlap_scheduling",
                  "tp": "tp", "kv_cache_dtype": "kv_cache_dtype"}  # tp: an LLM argument, ranks > 0 in processes
-# Loading a model dominates a small generate call, so LLMs are reused within a process (a second call then finds
-# the first one's prefixes in the radix cache, as a server would). Keep only a few alive (memory).
+# Loading a model dominates a small generate call: LLMs are reused within a process, a few at most (memory)
 _LLMS: OrderedDict[Tuple[Any, ...], LLM] = OrderedDict()
 _MAX_CACHED_LLMS = 2
 
@@ -47,7 +46,6 @@ def _llm(model_dir: str, options: dict) -> LLM:
         _LLMS.move_to_end(key)
         return _LLMS[key]
     if options.get("tp", 1) > 1 or any(llm.config.tp_info.size > 1 for llm in _LLMS.values()):
-        # a process holds one TP group (and one rank identity) at a time: retire the others first
         while _LLMS:
             _LLMS.popitem()[1].shutdown()
     kwargs = {_CONFIG_FIELD[name]: value for name, value in options.items() if name != "cuda_graph"}
@@ -56,8 +54,7 @@ def _llm(model_dir: str, options: dict) -> LLM:
     elif not torch.cuda.is_available():
         # the engine runs eagerly on a CPU unless asked; the suite asks, so every case also checks the emulation
         kwargs["cuda_graph_max_bs"] = EMULATION_MAX_BS
-    # The suite keeps several engines alive in one process; on a GPU each would otherwise size its KV pool to 90% of
-    # the free memory and the second one would not fit. 16k tokens is plenty for the suite's workloads.
+    # several engines live in one process: a GPU's would each size their KV pool to 90% of the free memory
     kwargs.setdefault("num_page_override", 16384 // options.get("page_size", 1))
     llm = LLM(str(model_dir), dtype=torch.float32, **kwargs)
     _LLMS[key] = llm
@@ -94,8 +91,7 @@ def _die_with_parent() -> None:
 
 
 def free_port(span: int = 3) -> int:
-    """A port p with p .. p + span - 1 all free: with --tp > 1 the server also binds port + 1 (the ranks'
-    rendezvous) and a multi-node run port + 2, so a free p alone can still fail start-up on a busy machine."""
+    """A port p with p .. p + span - 1 all free: the server also binds port + 1 (TP rendezvous), multi-node port + 2."""
     for _ in range(100):
         with ExitStack() as held:
             first = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
@@ -137,8 +133,7 @@ class ServerProcess:
 @contextmanager
 def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_args: Sequence[str] = (),
                    **options: Any) -> Iterator[ServerProcess]:
-    """`python -m stage4_fast` on a free port of 127.0.0.1 in its own session, ready (health 200) on entry,
-    stopped with SIGTERM on exit. When the test fails, the server's log is kept and its tail printed."""
+    """`python -m stage4_fast` on a free local port, ready on entry, SIGTERM on exit; a failed test prints its log."""
     if unknown := set(options) - OPTIONS:
         raise TypeError(f"stage4_fast's server does not understand option(s) {sorted(unknown)}")
     port = free_port()

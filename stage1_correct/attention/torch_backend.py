@@ -1,8 +1,7 @@
 """Reference attention in plain PyTorch over the paged KV pool.
 
 Decode attends one query per request against its own keys (padded to the longest), prefill request by request
-with SDPA; index tensors (slots, masks) are built once per forward in prepare_metadata, not per layer.
-"""
+with SDPA; index tensors (slots, masks) are built once per forward in prepare_metadata, not per layer."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 A node holds token ids (`key`, host) and their KV slots (`value`, device); children are keyed by their first page,
 and every length is a multiple of the page size. Locking a handle counts a reference on every node up to the root;
 only unlocked leaves are evicted, least recently used first, from a heap (upstream walks the whole tree per evict).
-Stale heap entries are skipped when popped; the heap is rebuilt past twice the node count (O(1) amortised).
-"""
+Stale heap entries are skipped when popped; the heap is rebuilt past twice the node count (O(1) amortised)."""
 
 from __future__ import annotations
 

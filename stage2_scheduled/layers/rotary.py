@@ -16,8 +16,7 @@ def _default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
 
 
 def _llama3_post_process(scaling: Dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Llama 3.1 context extension: short wavelengths unchanged, long ones divided by `factor`, a linear blend in
-    between (in wavelength-ratio space)."""
+    """Llama 3.1 context extension: short wavelengths unchanged, long ones divided by `factor`, a blend in between."""
     factor = scaling["factor"]
     low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_len = scaling["original_max_position_embeddings"]

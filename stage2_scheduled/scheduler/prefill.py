@@ -2,8 +2,7 @@
 
 A request is admitted only if its whole future KV fits beside what running requests may still claim (no preemption).
 A prompt longer than the step's budget is cut into chunks (`ChunkedReq`, no token). Not upstream: a request sharing
-a long uncached prefix with a prompt being prefilled waits until that prefix is in the radix cache.
-"""
+a long uncached prefix with a prompt being prefilled waits until that prefix is in the radix cache."""
 
 from __future__ import annotations
 

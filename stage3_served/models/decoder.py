@@ -1,7 +1,6 @@
 """One pre-norm decoder skeleton for Llama, Qwen2 and Qwen3; they differ only in the attention block's options.
 
-Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj), e.g.
-`model.layers.3.self_attn.qkv_proj.weight`.
+Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj): `model.layers.3.mlp.gate_up_proj`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """KV page bookkeeping: the free list, the prefix cache, and which page-table entries a request owns.
 
 Per request row: [0, cache_handle.cached_len) are the prefix cache's slots (handle locked), the rest up to
-align_ceil(cached_len) pages it owns alone. Every page is free, in the prefix cache, or owned by one request.
-"""
+align_ceil(cached_len) pages it owns alone. Every page is free, in the prefix cache, or owned by one request."""
 
 from __future__ import annotations
 

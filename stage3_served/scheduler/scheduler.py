@@ -1,11 +1,10 @@
 """The per-rank control loop: admit requests, form a batch (prefill or decode), run it, hand out tokens, free.
 
-Overlap scheduling (`overlap_loop`, the default) launches batch N+1 before processing batch N's results: N's tokens
-reach N+1 device to device through `token_pool`. `normal_loop` (MINISGL_DISABLE_OVERLAP_SCHEDULING=1) processes each
-batch right after its forward. Being one step behind causes upstream's races (stage2_scheduled/README.md, defects
-1-4). The fixes: results are judged by state snapshotted at launch (1); results for a finished or aborted request
-are dropped (2, 4); its slot and pages are released only once every batch launched so far has completed (3, 4).
-"""
+Overlap scheduling (`overlap_loop`, the default; else `normal_loop`) launches batch N+1 before processing batch N's
+results, N's tokens reaching N+1 through `token_pool`. Being one step behind causes upstream's races
+(stage2_scheduled/README.md, defects 1-4), fixed here: results are judged by state snapshotted at launch (1) and
+dropped for a finished or aborted request (2, 4), whose slot and pages are released once every batch launched so far
+has completed (3, 4)."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ class ForwardData(NamedTuple):
 
     fwd_input: ForwardInput
     fwd_output: ForwardOutput
-    # Fix of upstream bug 1: whether each request's token of THIS batch is its last, taken at launch
-    length_finished: Sequence[bool]
+    length_finished: Sequence[bool]  # upstream bug 1's fix: is each request's token of THIS batch its last, at launch
     batch_id: int  # launch order, to know when a released request's last batch has completed
 
 
@@ -68,8 +66,7 @@ class Scheduler(SchedulerIOMixin):
         self.config = config
         self.engine = Engine(config)
         self.device = self.engine.device
-        # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
-        self.stream = create_stream(self.device)
+        self.stream = create_stream(self.device)  # scheduling work's own stream on a GPU, as upstream
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
         self.cache_manager = CacheManager(self.engine.num_pages, page_size, self.engine.page_table, config.cache_type)
@@ -80,14 +77,12 @@ class Scheduler(SchedulerIOMixin):
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         self.overlap_scheduling = config.overlap_scheduling and not ENV.DISABLE_OVERLAP_SCHEDULING.value
-        # finished or aborted requests whose resources are not released yet (results for them are stale)
-        self.finished_reqs: Set[Req] = set()
+        self.finished_reqs: Set[Req] = set()  # finished or aborted, resources not released yet: results are stale
         self._release_queue: Deque[Tuple[int, Req]] = deque()  # (release once this batch id completed, req)
         self._launched_id = 0  # newest launched batch
         self._done_id = 0  # newest batch whose results were processed (batches complete in launch order)
         self._last_was_chunk = False
-        # uid -> prompt tokens the prefix cache served, from admission to the first token (reported as usage)
-        self._cached_prompt: Dict[int, int] = {}
+        self._cached_prompt: Dict[int, int] = {}  # uid -> prompt tokens the prefix cache served (usage), till 1st token
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
         super().__init__(config)
 
@@ -136,8 +131,7 @@ class Scheduler(SchedulerIOMixin):
         self.prefill_manager.add_one_req(msg)
 
     def _abort_req(self, uid: int) -> None:
-        # Fix of upstream bug 4: upstream frees it here while the batch in flight may hold it (double free);
-        # _finish_req defers the release and its results are dropped.
+        # Fix of upstream bug 4 (freed here while the batch in flight may hold it): _finish_req defers the release
         if self.prefill_manager.has_req(uid):
             req = self.prefill_manager.abort_req(uid)  # its chunk in progress, if one was admitted
         elif (req := self.decode_manager.abort_req(uid)) is None:
@@ -243,8 +237,7 @@ class Scheduler(SchedulerIOMixin):
             self.send_result(reply)
 
     def _reject_stuck_head(self) -> None:
-        """Nothing runs or is in flight, yet no prefill forms: answer the head request with an error instead of
-        spinning forever (upstream bug 6; admission rules make this unreachable)."""
+        """Nothing in flight and no prefill forms: reject the head request, not spin (upstream bug 6; unreachable)."""
         pending = self.prefill_manager.pending_list[0]
         self.prefill_manager.abort_req(pending.uid)
         logger.error("request %d can never be scheduled; rejecting it", pending.uid)

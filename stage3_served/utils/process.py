@@ -9,7 +9,6 @@ from tqdm import tqdm
 
 
 def setup_worker_process(role: str) -> None:
-    """Name the process `minisgl::<role>` in `ps`, and give tqdm a thread lock: its default multiprocessing RLock is
-    a named semaphore that a killed worker leaks ("leaked semaphore objects" at shutdown)."""
+    """Name the process `minisgl::<role>`; tqdm gets a thread lock (its multiprocessing one leaks when killed)."""
     setproctitle(f"minisgl::{role}")
     tqdm.set_lock(threading.RLock())

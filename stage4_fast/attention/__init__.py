@@ -52,8 +52,7 @@ _CONVERTING_READS: dict[str, Callable[[torch.dtype, torch.dtype], bool]] = {
 
 
 def kv_cache_dtype_problem(backend: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> str | None:
-    """Why ``backend`` ("NAME" or "PREFILL,DECODE", not "auto") cannot read a KV pool of ``kv_dtype`` under a
-    ``dtype`` model, or None."""
+    """Why ``backend`` ("NAME" or "PREFILL,DECODE") cannot read a ``kv_dtype`` pool under a ``dtype`` model, or None."""
     if kv_dtype == dtype:
         return None
     for name in backend.split(","):

@@ -75,7 +75,6 @@ class FlashInferBackend(BaseAttnBackend):
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.float_workspace, use_tensor_cores=self.use_tensor_cores, kv_layout="NHD", backend="fa2")
         layers = range(self.kv_cache.num_layers)
-        # page size 1 views of the pool: [num_slots, 1, kv_heads, D]
         self._k = [self.kv_cache.k_cache(i).view(-1, 1, self.kv_head_local, self.head_dim) for i in layers]
         self._v = [self.kv_cache.v_cache(i).view(-1, 1, self.kv_head_local, self.head_dim) for i in layers]
         self.last_event: torch.cuda.Event | NullEvent = NullEvent()

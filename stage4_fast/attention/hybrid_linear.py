@@ -1,7 +1,6 @@
-"""Hybrid-model attention backend: full-attention layers go to the wrapped backend, linear-attention layers
-(Qwen3.5's gated DeltaNet) run the causal conv and gated delta rule against the per-request state pool.
-No prefix reuse (a state cannot be rebuilt from KV pages), so hybrid models run with the naive prefix cache;
-``prepare_metadata`` checks each continuing request has exactly ``cached_len`` tokens in its state."""
+"""Hybrid-model attention backend: full-attention layers go to the wrapped backend, linear-attention layers (Qwen3.5's
+gated DeltaNet) run the causal conv and gated delta rule against the per-request state pool. A state cannot be
+rebuilt from KV pages: hybrid models use the naive prefix cache, and ``prepare_metadata`` checks each state's length."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Decode attends one query per request against its own keys (padded to the longest), prefill request by request
 with SDPA; index tensors (slots, masks) are built once per forward in prepare_metadata, not per layer.
-A pool of another dtype (``--kv-cache-dtype``) is dequantized on read (``kernel/ref.dequantize_kv``).
-"""
+A pool of another dtype (``--kv-cache-dtype``) is dequantized on read (``kernel/ref.dequantize_kv``)."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class TorchBackend(BaseAttnBackend):
         k0 = self.kv_cache.k_cache(0)
         self.num_kv_heads, self.head_dim = k0.shape[-2], k0.shape[-1]
         # per-layer [num_slots, heads * dim] views, made once: index_select on a 2-D view is several times faster
-        # on CPU than advanced indexing of [num_slots, heads, dim] (stage1), and decode gathers in every layer
-        # (an fp8 pool's rows are gathered as bytes: index_select does not cover the fp8 dtypes everywhere)
+        # on CPU than advanced indexing (stage1); an fp8 pool's rows are gathered as bytes (index_select lacks fp8)
         row = self.num_kv_heads * self.head_dim
         self._bytes = is_fp8(self.kv_cache.dtype)
         as_rows = (lambda t: t.view(torch.uint8).view(-1, row)) if self._bytes else (lambda t: t.view(-1, row))

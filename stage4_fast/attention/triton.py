@@ -1,6 +1,5 @@
-"""Triton backend: the paged kernels of ``kernel/triton_attention.py`` and ``triton_prefill.py`` (a CPU runs them
-under Triton's interpreter). They read the page table through each request's row, so the metadata is three small
-vectors; captured graphs read them from fixed buffers."""
+"""Triton backend: the paged kernels of ``kernel/triton_attention.py`` and ``triton_prefill.py`` (a CPU interprets
+them). Each reads the page table through its request's row: the metadata is three small vectors (graphs: buffers)."""
 
 from __future__ import annotations
 
@@ -141,8 +140,7 @@ class TritonBackend(BaseAttnBackend):
                                                         self._prefill_block_m)
 
     def prepare_for_prefill_capture(self, batch: Batch) -> None:
-        """After prepare_metadata(batch): its metadata copied into the fixed buffers (shared by every token count's
-        graph) and read from them."""
+        """After prepare_metadata(batch): its metadata moves into the fixed buffers every token count's graph reads."""
         cap = self.prefill_capture
         assert cap is not None, "init_prefill_capture first"
         self.prepare_for_prefill_replay(batch)

@@ -20,8 +20,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 def init_process_group(tp_info: DistributedInfo, addr: str, device: torch.device,
                        timeout_s: float = 60.0) -> dist.ProcessGroup | None:
-    """Join the TP group at ``addr`` (``tcp://host:port``): NCCL for GPU tensors, gloo on CPU. Returns the gloo
-    group for host-side messages (upstream's ``tp_cpu_group``); None for a single rank."""
+    """Join the TP group at ``tcp://host:port`` (NCCL, gloo on CPU); returns the gloo ``tp_cpu_group``, None alone."""
     if tp_info.size == 1:
         return None
     backend = "nccl" if device.type == "cuda" else "gloo"

@@ -1,5 +1,4 @@
-"""Collectives behind one interface (``DistributedCommunicator``), as upstream's plugin list (the last one wins);
-only the torch.distributed plugin ships: NCCL on a GPU, gloo on CPU."""
+"""Collectives behind ``DistributedCommunicator``; upstream's torch.distributed plugin: NCCL on a GPU, gloo on CPU."""
 
 from __future__ import annotations
 

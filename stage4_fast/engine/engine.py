@@ -269,8 +269,7 @@ class Engine:
             logger.warning(message, *args)
 
     def warm_up_prefill(self, num_tokens: int, num_reqs: int = 1) -> None:
-        """One dummy prefill step through ``forward_batch`` at start-up: CUDA loads a kernel's module at its first
-        launch, which the first long prompt would otherwise pay. Its KV goes to the padding slot, read by no one."""
+        """A dummy prefill step at start-up (KV to the padding slot): CUDA loads a kernel's module at first launch."""
         num_tokens = min(num_tokens, self.max_seq_len)
         num_reqs = max(1, min(num_reqs, num_tokens // 2, self.config.max_running_req))
         if num_tokens < 2:
@@ -313,8 +312,7 @@ class Engine:
         return prefill_graph_problem(self.model, self.attn_backend)
 
     def warm_up_gemms(self, max_tokens: int, step: int = GEMM_WARM_UP_STEP) -> None:
-        """Run every projection over a grid of row counts up to ``max_tokens`` and the LM head at every request
-        count: cuBLAS picks a kernel on the host at a shape's first sight, which a prefill step would pay."""
+        """Every projection at a grid of row counts, the LM head at every request count: cuBLAS picks at first sight."""
         step = max(step, math.ceil(max_tokens / GEMM_WARM_UP_COUNTS / step) * step)
         rows = [*range(1, step), *range(step, max_tokens + 1, step), max_tokens]
         start = time.perf_counter()

@@ -2,8 +2,7 @@
 
 A replay first copies the real batch's inputs (``copy_from``) and attention metadata in. On CPU, ``EmulatedGraph``
 re-runs a closure over the *capture* batch, so an input not copied in gives a wrong result there too. Each graph ends
-in its logits' greedy argmax (``greedy_tokens``); with PDL kernels it is rewired (``kernel/pdl_graph.py``).
-"""
+in its logits' greedy argmax (``greedy_tokens``); with PDL kernels it is rewired (``kernel/pdl_graph.py``)."""
 
 from __future__ import annotations
 
@@ -61,9 +60,8 @@ class EmulatedGraph:  # a recorded closure standing in for a CUDA graph on CPU
 
 def capture_graph(run: Callable[[], None], batch: Batch, stream: Stream, emulated: bool, rewire: bool,
                   pool: object = None) -> tuple[Graph, int]:
-    """Run ``run`` once on ``batch`` (warm-up), then capture it: a CUDA graph in ``pool`` (with the count of edges
-    moved where ``rewire``), or an ``EmulatedGraph`` whose replay swaps the context's batch for the capture batch,
-    as a real graph only sees what it captured."""
+    """Run ``run`` once on ``batch``, then capture it: a CUDA graph in ``pool`` (and the edges moved if ``rewire``), or
+    an ``EmulatedGraph`` replaying on the capture batch, as a real graph only sees what it captured."""
     ctx = get_global_ctx()
     with ctx.forward_batch(batch):
         run()

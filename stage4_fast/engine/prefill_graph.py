@@ -1,8 +1,7 @@
 """CUDA graphs of the decoder stack's prefill forward at a grid of token counts up to ``max_extend_tokens``: eagerly,
 launching a small model's kernels takes the host about as long as the device's step. One graph serves every batch of
 its count (the Triton prefill kernel reads its work list from the device, ``prefill_block_map``); a step is padded up
-with dummy prompts in the padding row, and the LM head runs eagerly on the graph's hidden states.
-"""
+with dummy prompts in the padding row, and the LM head runs eagerly on the graph's hidden states."""
 
 from __future__ import annotations
 

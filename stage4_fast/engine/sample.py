@@ -215,8 +215,7 @@ class Sampler:
         return args
 
     def _add_prompt_rows(self, batch: Batch, args: LogprobArgs) -> None:
-        """Echo: each prompt token after the first gets the logprob its previous row predicts (a final chunk's last
-        row predicts the first output token: the sampled token's logprob)."""
+        """Echo: each prompt token after the first gets the logprob its previous row predicts (last row: output's)."""
         flat_rows: List[torch.Tensor] = []
         positions: List[torch.Tensor] = []
         pool_rows: List[int] = []

@@ -56,8 +56,7 @@ def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> Tuple[tor
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                                state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One token per request. q/k [B, Hk, Dk], v [B, Hv, Dv], g/beta [B, Hv], state [B, Hv, Dk, Dv] (fp32).
-    Returns (o [B, Hv, Dv] fp32, new state)."""
+    """One token per request: q/k [B, Hk, Dk], v [B, Hv, Dv], g/beta [B, Hv], state [B, Hv, Dk, Dv] -> (o, state)."""
     q, k = _prepare_qk(q, k, v.shape[-2])
     v, g, beta = v.float(), g.float(), beta.float()
     state = state * g.exp()[..., None, None]

@@ -105,8 +105,7 @@ def replace_edges(graph, edges: Sequence[Edge], from_port: int, kind: int) -> bo
 
 
 def move_edges_to_launch_order(graph) -> int:
-    """Rewire ``graph`` (captured with ``keep_graph=True``, not yet instantiated); returns the edges moved (0: the
-    graph stays as captured, correct but slower)."""
+    """Rewire ``graph`` (captured with ``keep_graph=True``, not instantiated); returns the edges moved (0: none)."""
     edges = graph_edges(graph)
     if edges is None:
         return 0

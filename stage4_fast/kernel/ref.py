@@ -12,8 +12,7 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """``x / scale`` rounded to ``dtype`` (nearest even); fp8 saturates at its largest finite value, as the GPU's
-    satfinite conversion does."""
+    """``x / scale`` rounded to ``dtype`` (nearest even); fp8 saturates at its largest finite value (GPU satfinite)."""
     if x.dtype == dtype and scale == 1.0:
         return x
     y = x.float() / scale if scale != 1.0 else x.float()
@@ -50,8 +49,7 @@ def store_cache_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch
 
 def indexing_ref(weights: torch.Tensor, indices: torch.Tensor, output: torch.Tensor | None = None,
                  vocab_range: Tuple[int, int] | None = None) -> torch.Tensor:
-    """Row gather; with ``vocab_range=(start, length)`` (a vocab shard) rows outside it are zero, others read at
-    ``index - start``."""
+    """Row gather; with ``vocab_range=(start, length)`` (a shard) rows outside are zero, others ``index - start``."""
     if vocab_range is None:
         result = weights[indices]
     else:

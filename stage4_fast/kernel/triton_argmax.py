@@ -1,6 +1,5 @@
 """Argmax over 16-bit GPU logits as int32, ``torch.argmax``'s answer (first index of the largest; the first NaN
-wins). PyTorch walks each row with one program; here programs read chunks side by side, then a small kernel picks
-each row's winner among its chunks."""
+wins). Programs read a row's chunks side by side (PyTorch: one per row), a small kernel picks among the chunks."""
 
 from __future__ import annotations
 

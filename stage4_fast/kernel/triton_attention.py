@@ -69,8 +69,7 @@ def _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visib
     return acc, m_new, l_i
 
 
-# Eager decodes reuse the variant the CUDA graphs compiled: num_splits is not specialised on, and eager scratch is
-# SCRATCH_SPLIT_ALIGN splits wide like the graphs' buffers.
+# Eager decodes reuse the graphs' compiled variant: num_splits is not specialised on, scratch is as wide as theirs
 SCRATCH_SPLIT_ALIGN = 16
 _DECODE_UNSPECIALISED = ["num_splits"]
 
@@ -188,11 +187,9 @@ DECODE_WHOLE_BLOCKS_FP8 = True
 DECODE_WHOLE_BLOCKS_16BIT = False
 
 
-# Over an fp8 pool a GPU decodes with csrc/decode_fp8.cu (no 8x head padding) where it applies: sm_89+, head_dim
-# 128, group <= 8. Its tiles per warp in shared memory (2-4): one computes while cp.async fills the others.
-DECODE_FP8_CUDA_STAGES = 2
-# its grid order: a sequence's KV heads side by side (True) or one KV head's sequences (False)
-DECODE_FP8_CUDA_HEADS_FIRST = True
+# fp8 pool: csrc/decode_fp8.cu where it applies (sm_89+, head_dim 128, group <= 8; no 8x head padding)
+DECODE_FP8_CUDA_STAGES = 2  # its tiles per warp in shared memory (2-4): one computes while cp.async fills the others
+DECODE_FP8_CUDA_HEADS_FIRST = True  # its grid: a sequence's KV heads side by side (True), else a head's sequences
 # its warps per program: 8 below this many programs per SM (more KV in flight), else 4
 DECODE_FP8_CUDA_WIDE_BELOW = 2
 

@@ -60,9 +60,8 @@ def _qk_norm_rope_kernel(QKV, QW, KW, CosSin, Pos, QOut, KOut, KCache, VCache, O
                          BLOCK_H: tl.constexpr, BLOCK_HKV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_KV: tl.constexpr,
                          SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
                          ROW_SCALE: tl.constexpr, BLOCK_HID: tl.constexpr, PDL: tl.constexpr):
-    """One program per token: its q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: rotated k and v go
-    to pool slot ``OutLoc[t]`` (quantized when FP8_MAX > 0). ROW_SCALE: q, k, v are first scaled by the deferred
-    norm's factor of row ``Hid[t]``; the scaled v is written back into QKV."""
+    """One program per token, q and k heads as a [BLOCK_H, D / 2] tile per half. STORE_KV: rotated k and v go to
+    slot ``OutLoc[t]`` (fp8 if FP8_MAX > 0). ROW_SCALE: q, k, v scaled by row ``Hid[t]``'s norm factor (v in QKV)."""
     t = tl.program_id(0).to(tl.int64)
     if ROW_SCALE:  # before the wait (the note above the kernels)
         row_scale = _rms_factor(Hid + t * stride_hid, hidden, hid_eps, BLOCK_HID)
@@ -151,9 +150,8 @@ def _to_pool(x, scale, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl
 
 @triton.jit
 def _round_to_fp8_grid(y, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
-    """In-range fp32 values rounded to an fp8 grid (MANT mantissa bits, smallest normal exponent MIN_EXP), nearest
-    even, so the following cast is exact. Done here because Triton's interpreter rounds ties up and does not carry
-    into the exponent; adding and subtracting 1.5 * 2^(23 + e) rounds |y| to a multiple of 2^e."""
+    """fp32 rounded to an fp8 grid (MANT mantissa bits, min exponent MIN_EXP), nearest even, so the cast is exact (the
+    interpreter rounds ties up, no carry): adding and subtracting 1.5 * 2^(23 + e) rounds |y| to a multiple of 2^e."""
     bits = y.to(tl.int32, bitcast=True)
     magnitude = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
     exp = tl.maximum(((bits >> 23) & 0xFF) - 127, MIN_EXP)  # the binade (subnormals share the smallest normal's)

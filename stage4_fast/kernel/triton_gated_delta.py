@@ -11,8 +11,7 @@ import triton.language as tl
 @triton.jit
 def _recurrent_step_kernel(x_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, x_stride, scale,
                            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
-    # x [B, 2 * HK * DK + HV * DV] (q | k | v), g [B, HV] fp32 log decay, beta [B, HV], o [B, HV, DV],
-    # state [num_slots, HV, DK, DV] fp32, slots [B] int64
+    # x [B, 2 HK DK + HV DV] (q|k|v), g [B, HV] fp32 log decay, beta [B, HV], o [B, HV, DV], state fp32, slots int64
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vb = tl.program_id(2)
@@ -40,8 +39,7 @@ def _recurrent_step_kernel(x_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, 
 
 def recurrent_gated_delta_rule_inplace(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state_pool: torch.Tensor,
                                        slots: torch.Tensor, num_k_heads: int, head_k_dim: int) -> torch.Tensor:
-    """x [B, conv_dim] (q | k | v after the conv), g / beta [B, v_heads], state_pool [slots, v_heads, Dk, Dv]
-    fp32 (updated in place at `slots`). Returns o [B, v_heads, Dv] in x's dtype."""
+    """x [B, conv_dim] (q|k|v after the conv), g/beta [B, Hv], state_pool [slots, Hv, Dk, Dv] fp32 -> o [B, Hv, Dv]."""
     B = x.shape[0]
     _, HV, DK, DV = state_pool.shape
     assert DK == head_k_dim and x.stride(-1) == 1 and state_pool.is_contiguous()

@@ -96,8 +96,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                 weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``add_rmsnorm`` then ``gemv`` in one kernel. x, residual [1, K] -> (y [1, N], the new residual stream: a new
-    tensor, or x itself without residual)."""
+    """``add_rmsnorm`` then ``gemv`` in one kernel: x, residual [1, K] -> (y [1, N], the new residual stream)."""
     assert x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
     n, k = weight.shape
     assert x.shape[1] == k and norm_weight.shape == (k,), f"x has {x.shape[1]} features, the weight {k}"

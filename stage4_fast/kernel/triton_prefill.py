@@ -19,9 +19,8 @@ def _prefill_kernel(Q, K, V, Out, PageTable, TableIdx, CuSeqlensQ, SeqLens, Bloc
                     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr,
                     MAPPED: tl.constexpr, NUM_KV_HEADS: tl.constexpr):
-    """One program per (request, KV head, block of BLOCK_M query tokens); rows are tokens x the group's heads
-    (token-major, GROUP_P2 per token). Key blocks below the causal diagonal run unmasked. MAPPED: the grid is the
-    ``BlockMap`` entries x KV heads; programs past the map's count return at once."""
+    """One program per (request, KV head, BLOCK_M query tokens); rows: tokens x GROUP_P2 heads, token-major. Key
+    blocks below the diagonal run unmasked. MAPPED: grid = ``BlockMap`` entries x KV heads, extra programs return."""
     if MAPPED:  # a 1-D grid: the map's entries in its order, each for every KV head in turn
         entry = tl.program_id(0) // NUM_KV_HEADS
         kv_head = tl.program_id(0) % NUM_KV_HEADS

@@ -1,7 +1,6 @@
 """Per-request state of a hybrid model's linear-attention layers: the last K-1 conv inputs (``conv_state``) and the
 delta-rule memory (``ssm_state``, fp32 as HF and FLA: bf16 would drift), rewritten in place every step, so neither
-paged nor shared. One slot per request slot plus the dummy's; a first prefill starts from zeros.
-"""
+paged nor shared. One slot per request slot plus the dummy's; a first prefill starts from zeros."""
 
 from __future__ import annotations
 

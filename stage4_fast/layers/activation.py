@@ -10,8 +10,7 @@ from .norm import scale_by_rms_of
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None,
                  row_scale: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """x holds [gate | up] halves (the merged gate_up projection); returns silu(gate) * up. ``row_scale`` =
-    (hidden, eps): x is the projection of unnormalised rows, first scaled by RMSNorm's factor of ``hidden``'s rows
-    (a deferred norm, models/decoder.py)."""
+    (hidden, eps): x projects unnormalised rows, first scaled by RMSNorm's factor of ``hidden`` (models/decoder.py)."""
     if out is None and x.dim() == 2 and x.stride(-1) == 1 and (fused := fused_kernels_for(x)) is not None:
         return fused.silu_and_mul(x, row_scale)  # 16-bit on a GPU: one kernel
     if row_scale is not None:

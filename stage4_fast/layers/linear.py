@@ -1,8 +1,7 @@
 """Linear layers in their tensor-parallel splits (weight layout [local_out, local_in]).
 
 Column-parallel kinds (merged gate/up, fused QKV) split the outputs and need no communication; the row-parallel
-kinds (o_proj, down_proj) split the inputs, so each rank holds a partial sum that is all-reduced.
-"""
+kinds (o_proj, down_proj) split the inputs, so each rank holds a partial sum that is all-reduced."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ from .norm import RMSNormFused
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            silu_mul_input: bool = False) -> torch.Tensor:
     """F.linear, or the Triton GEMV for a one-token 16-bit GPU forward (cuBLAS is latency-bound there).
-    ``silu_mul_input``: x is [gate | up] and the layer's input is silu(gate) * up (the MLP's down projection); the
-    GEMV computes it on the fly, one kernel less."""
+    ``silu_mul_input``: x is [gate | up], the input silu(gate) * up (down_proj), computed on the fly by the GEMV."""
     gemv = gemv_kernel_for(x)
     if gemv is not None and weight.stride(-1) == 1:
         return gemv.gemv(x, weight, bias, gated=silu_mul_input)
@@ -109,8 +107,7 @@ class LinearRowParallel(_LinearTPImpl):
             residual.addmm_(x, self.weight.t())
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + this layer's output, written over ``residual``: the add rides in the GEMM (beta = 1); under
-        TP only rank 0's partial sum adds the residual before the all-reduce."""
+        """residual + this layer's output over ``residual``, added in the GEMM (beta = 1; under TP by rank 0 only)."""
         if self.bias is not None:
             return residual.add_(self.forward(x))
         if self._tp_size == 1:
@@ -127,8 +124,7 @@ class LinearOProj(LinearRowParallel):
 
 
 def warm_up_gemms(model: BaseOP, row_counts: Iterable[int]) -> int:
-    """Run every distinct projection of ``model`` once at each of ``row_counts`` (zeros), so that cuBLAS's first-call
-    kernel choice for a new shape is not paid by an eager prefill step. Returns the number of distinct projections."""
+    """Run every distinct projection once at each of ``row_counts`` (cuBLAS's first-call pick); returns their count."""
     layers: Dict[tuple, _LinearTPImpl] = {}
     for op in model.walk():
         if isinstance(op, _LinearTPImpl):

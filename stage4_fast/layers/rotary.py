@@ -16,8 +16,7 @@ def _default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
 
 
 def _llama3_post_process(scaling: Dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Llama 3.1 context extension: short wavelengths unchanged, long ones divided by `factor`, a linear blend in
-    between (in wavelength-ratio space)."""
+    """Llama 3.1 context extension: short wavelengths unchanged, long ones divided by `factor`, a blend in between."""
     factor = scaling["factor"]
     low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_len = scaling["original_max_position_embeddings"]
@@ -55,8 +54,8 @@ class RotaryEmbedding(StateLessOP):
         freqs = positions[:, None] * inv_freq[None, :]  # fp32, as HF computes them
         # [max_pos, rotary_dim] = cos | sin (each rotary_dim / 2 wide); private, so never saved or loaded
         self._cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
-        # every layer shares this op, so cos/sin are gathered once per forward: memoised per positions tensor and
-        # its version (a graph's buffer is rewritten in place), bypassed while capturing (the graph must gather)
+        # gathered once per forward (every layer shares this op): memoised per positions tensor and version (graph
+        # buffers change in place), bypassed while capturing
         self._memo: Tuple[torch.Tensor, int, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     @property

@@ -1,5 +1,4 @@
-"""Offline inference: `LLM(model_path).generate(prompts, sampling_params)` runs the scheduler in this process until
-every prompt is done."""
+"""Offline inference: `LLM(model_path).generate(prompts, sampling_params)` runs the scheduler in this process."""
 
 from __future__ import annotations
 

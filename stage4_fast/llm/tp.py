@@ -1,6 +1,5 @@
 """Tensor parallelism for the offline `LLM`: ranks 1..tp-1 are spawned scheduler processes reading rank 0's broadcast
-(`scheduler/io.py`); each reports back once running, so a script creating the `LLM` outside `__main__` fails at once.
-"""
+(`scheduler/io.py`); each reports back once running, so a script creating the `LLM` outside `__main__` fails at once."""
 
 from __future__ import annotations
 

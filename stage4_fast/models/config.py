@@ -74,8 +74,7 @@ class ModelConfig:
         return "moe" in self.model_type
 
     def is_sparse_layer(self, layer_id: int) -> bool:
-        """Whether the layer's MLP is the sparse MoE block, by HF's rule: not in `mlp_only_layers`, and every
-        `decoder_sparse_step`-th layer counting from 1."""
+        """HF's rule for a sparse MoE MLP: not in `mlp_only_layers`, every `decoder_sparse_step`-th layer from 1."""
         return (self.is_moe and self.num_experts > 0 and layer_id not in self.mlp_only_layers
                 and (layer_id + 1) % self.decoder_sparse_step == 0)
 

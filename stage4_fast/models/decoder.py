@@ -2,8 +2,7 @@
 options and, for MoE models, a sparse MLP on the layers HF makes sparse (`ModelConfig.is_sparse_layer`; upstream
 puts one on every layer and cannot load a model with dense layers).
 
-Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj), e.g.
-`model.layers.3.self_attn.qkv_proj.weight`.
+Parameter names follow HF after fusion (q/k/v -> qkv_proj, gate/up -> gate_up_proj): `model.layers.3.mlp.gate_up_proj`.
 
 Deferred norms (bf16 on a GPU): norm(h) W^T = r(h) * (h (W diag(w))^T) with r(h) = rsqrt(mean(h^2) + eps), so w
 is folded into the projection, which reads the residual stream h, and the kernel after it applies r(h); with the
@@ -92,8 +91,7 @@ class DecoderModel(BaseOP):
         return self.norm.forward(x, residual)[0]  # the final norm folds in the last residual
 
     def defer_norms(self) -> None:
-        """Fold each layer's norm weights into the projections after them (module docstring); the norms keep unit
-        weight for one-token forwards."""
+        """Fold each layer's norm weights into the projections after them (module docstring), the norms to unit."""
         for layer in self.layers.op_list:
             for norm, proj in ((layer.input_layernorm, layer.self_attn.qkv_proj),
                                (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
@@ -107,8 +105,7 @@ class DecoderForCausalLM(BaseLLMModel):
         self._attach(config, DecoderModel(config, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm))
 
     def _attach(self, config: ModelConfig, model: DecoderModel) -> None:
-        """The decoder stack and the LM head on top of it (tied to its embedding when the config says so); a model
-        with other layers (the Qwen3.5 hybrid) passes its own stack."""
+        """The decoder stack (the Qwen3.5 hybrid passes its own) and the LM head, tied to its embedding if so set."""
         self.model = model
         tied = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_word_embeddings=tied,

@@ -5,8 +5,7 @@ Parameter names follow HF; real checkpoints wrap the text model (`model.language
 renamed (vision tower and multi-token-prediction head dropped). As HF: every RMSNorm scales by ``1 + weight``; full
 attention gates its output by sigmoid(gate) and ropes a ``partial_rotary_factor`` of each head; the linear
 attention's output (recurrence: ``kernel/gated_delta.py``) is RMS-normed per head and gated by silu(z). Under TP the
-linear-attention layers are replicated (no communication, no sharding rule).
-"""
+linear-attention layers are replicated (no communication, no sharding rule)."""
 
 from __future__ import annotations
 
@@ -95,8 +94,7 @@ class GatedDeltaNet(BaseOP):
 
 
 class GatedRopeAttn(BaseOP):
-    """Full attention with an output gate and partial RoPE; q_proj's rows are [q_h | gate_h] per head, built as a
-    QKV projection of twice the query heads."""
+    """Full attention with an output gate and partial RoPE: q_proj's rows are [q_h | gate_h] (twice the query heads)."""
 
     def __init__(self, config: ModelConfig, kv_layer_id: int, has_attn_bias: bool):
         tp = get_tp_info().size

@@ -69,8 +69,7 @@ def _fused_key(key: str) -> Tuple[str, int] | None:
     return None
 
 
-# fp8 checkpoints' per-layer KV-cache scales under the names vLLM and SGLang load (`self_attn.k_scale`,
-# `self_attn.attn.k_scale`, `self_attn.k_proj.output_scale`), yielded as `...self_attn.k_scale` / `v_scale`
+# fp8 checkpoints' per-layer KV scales under vLLM's and SGLang's names, yielded as `...self_attn.k_scale` / `v_scale`
 _KV_SCALE_ALIAS = re.compile(
     r"^(?P<prefix>.*layers\.\d+\.self_attn)\.(?:attn\.(?P<a>[kv])_scale|(?P<b>[kv])_proj\.output_scale|(?P<c>[kv])_scale)$"
 )

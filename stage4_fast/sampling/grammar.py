@@ -60,14 +60,12 @@ def _compile_error(kind: str, e: Exception) -> GrammarError:
 
 
 class GrammarBackend:
-    """One matcher per request with a grammar (by uid). The compiler takes seconds to build, so a server builds it
-    at start-up (``warm_up_in_background``) rather than stall every stream on the first such request."""
+    """A matcher per request with a grammar; a server builds the compiler (seconds) at start-up, in the background."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's)
-        # Grammars see the tokenizer's ids only (padded ids would slow xgrammar as special tokens); ``apply``
-        # forbids the padded ids in a grammar's rows.
+        # the tokenizer's ids only (padded ids would slow xgrammar as special tokens); ``apply`` forbids the rest
         self.grammar_vocab = min(vocab_size, len(tokenizer)) if tokenizer is not None else vocab_size
         self._compiler: Any = None
         self._compiler_lock = threading.Lock()  # the warm-up thread and the scheduler build it once between them

@@ -24,8 +24,7 @@ def apply_logit_bias(logits: torch.Tensor, args: LogitBiasArgs) -> None:
 
 @dataclass
 class PenaltyArgs:
-    """Penalised rows and their token-pool spans (output, plus prompt for a repetition penalty), read at sampling
-    time: under overlap the host lacks the last token."""
+    """Penalised rows and their token-pool spans, read at sampling time: under overlap the host lacks the last token."""
 
     rows: torch.Tensor  # [m] device int64: rows of the batch
     presence: torch.Tensor  # [m] fp32

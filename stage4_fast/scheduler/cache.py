@@ -1,8 +1,7 @@
 """KV page bookkeeping: the free list, the prefix cache, and which page-table entries a request owns.
 
 Per request row: [0, cache_handle.cached_len) are the prefix cache's slots (handle locked), the rest up to
-align_ceil(cached_len) pages it owns alone. Every page is free, in the prefix cache, or owned by one request.
-"""
+align_ceil(cached_len) pages it owns alone. Every page is free, in the prefix cache, or owned by one request."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ class CacheManager:
         self.prefix_cache.lock_handle(handle, unlock=True)
 
     def allocate_paged(self, reqs: List[Req], one_each_at: Tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """Give each request pages for positions [align_ceil(cached_len), align_ceil(device_len)) in its page-table
-        row. ``one_each_at``: a decode step's (rows, columns) on the device, one new token each."""
+        """Pages for each row's [align_ceil(cached_len), align_ceil(device_len)); ``one_each_at``: decode's cells."""
         ps = self.page_size
         if ps == 1 and one_each_at is not None:
             self.page_table[one_each_at] = self._allocate(len(reqs))

@@ -13,12 +13,9 @@ class SchedulerConfig(EngineConfig):
     offline_mode: bool = False
     # a decode step after a long prompt's lone chunk; off offline (a field: TP ranks must schedule alike)
     decode_between_chunks: bool = True
-    # SGLang's --enable-mixed-chunk: running requests decode inside each prefill batch (in its token budget)
-    enable_mixed_chunk: bool = False
-    # SGLang's --stream-interval (scheduler/stream_interval.py); 1 = every token as it comes
-    stream_interval: int = 1
-    # a field (upstream: only MINISGL_DISABLE_OVERLAP_SCHEDULING, which still turns it off): one process, both kinds
-    overlap_scheduling: bool = True
+    enable_mixed_chunk: bool = False  # SGLang's: running requests decode inside each prefill batch (in its budget)
+    stream_interval: int = 1  # SGLang's (scheduler/stream_interval.py); 1 = every token as it comes
+    overlap_scheduling: bool = True  # a field, one process runs both (upstream: only MINISGL_DISABLE_OVERLAP_...)
     # stage 3: makes the ipc:// addresses unique per server (the API server's pid; workers get a copy of the config)
     _unique_suffix: str = field(default_factory=lambda: f".pid={os.getpid()}")
 

@@ -1,13 +1,8 @@
-"""How a scheduler rank talks to the other processes.
-
-Rank 0 pulls requests from the tokenizer and pushes tokens to the detokenizer. With tensor parallelism rank 0
-republishes, once per step, the raw bytes it received as one bundle (possibly empty) on a PUB socket, and every other
-rank reads exactly one bundle per step (upstream: a gloo broadcast of the count). The PUB side waits until every rank
-has subscribed (``ZmqPubQueue``): upstream could lose the first messages and hang.
-
-Offline (``LLM``), the subclass supplies ``offline_receive_msg`` / ``offline_send_result`` instead; with tp > 1 it
-publishes the same bundles as rank 0.
-"""
+"""How a scheduler rank talks to the other processes. Rank 0 pulls requests from the tokenizer and pushes tokens to
+the detokenizer. With tensor parallelism it republishes, once per step, the raw bytes it received as one bundle
+(possibly empty) on a PUB socket that waits for every rank's subscription (``ZmqPubQueue``; upstream, a gloo broadcast
+of the count, could lose the first messages and hang); every other rank reads exactly one bundle per step. Offline
+(``LLM``) the subclass supplies ``offline_receive_msg`` / ``offline_send_result``, with tp > 1 publishing as rank 0."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """The per-rank control loop: admit requests, form a batch (prefill or decode), run it, hand out tokens, free.
 
-Overlap scheduling (`overlap_loop`, the default) launches batch N+1 before processing batch N's results: N's tokens
-reach N+1 device to device through `token_pool`. `normal_loop` (MINISGL_DISABLE_OVERLAP_SCHEDULING=1) processes each
-batch right after its forward. Being one step behind causes upstream's races (stage2_scheduled/README.md, defects
-1-4). The fixes: results are judged by state snapshotted at launch (1); results for a finished or aborted request
-are dropped (2, 4); its slot and pages are released only once every batch launched so far has completed (3, 4).
-"""
+Overlap scheduling (`overlap_loop`, the default; else `normal_loop`) launches batch N+1 before processing batch N's
+results, N's tokens reaching N+1 through `token_pool`. Being one step behind causes upstream's races
+(stage2_scheduled/README.md, defects 1-4), fixed here: results are judged by state snapshotted at launch (1) and
+dropped for a finished or aborted request (2, 4), whose slot and pages are released once every batch launched so far
+has completed (3, 4)."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ class ForwardData(NamedTuple):
 
     fwd_input: ForwardInput
     fwd_output: ForwardOutput
-    # Fix of upstream bug 1: whether each request's token of THIS batch is its last, taken at launch
-    length_finished: Sequence[bool]
+    length_finished: Sequence[bool]  # upstream bug 1's fix: is each request's token of THIS batch its last, at launch
     batch_id: int  # launch order, to know when a released request's last batch has completed
 
 
@@ -78,14 +76,12 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self.config = config
         self.engine = Engine(config)
         self.device = self.engine.device
-        # full prefill steps replay a graph instead of launching every kernel from the host
         self.engine.capture_prefill_graph(config.max_extend_tokens)
         warm_up = is_cuda(self.device)
         if warm_up:  # the first long prompt, the first step of many requests, a new token count: no first calls
             self.engine.warm_up_prefill(config.max_extend_tokens, WARM_UP_PREFILL_REQS)
             self.engine.warm_up_gemms(config.max_extend_tokens)
-        # scheduling work (page table, token pool writes) runs on its own stream on a GPU, as upstream
-        self.stream = create_stream(self.device)
+        self.stream = create_stream(self.device)  # scheduling work's own stream on a GPU, as upstream
         page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
         if warm_up:  # a prefill batch's scatter into the token pool loads its kernel: once here, zeros into zeros
@@ -108,18 +104,15 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         self.overlap_scheduling = config.overlap_scheduling and not ENV.DISABLE_OVERLAP_SCHEDULING.value
-        # finished or aborted requests whose resources are not released yet (results for them are stale)
-        self.finished_reqs: Set[Req] = set()
+        self.finished_reqs: Set[Req] = set()  # finished or aborted, resources not released yet: results are stale
         self._release_queue: Deque[Tuple[int, Req]] = deque()  # (release once this batch id completed, req)
         self._launched_id = 0  # newest launched batch
         self._done_id = 0  # newest batch whose results were processed (batches complete in launch order)
         self._last_was_lone_chunk = False
-        # uid -> prompt tokens the prefix cache served, from admission to the first token (reported as usage)
-        self._cached_prompt: Dict[int, int] = {}
+        self._cached_prompt: Dict[int, int] = {}  # uid -> prompt tokens the prefix cache served (usage), till 1st token
         self.num_aborted = 0  # requests aborted so far (clients that went away, stop strings), for /v1/stats
         self.stream_out = StreamInterval(config.stream_interval)  # which of a step's tokens leave now
-        # a line per loop, for finding where the time goes (scheduler/step_log.py); "": off
-        self.step_log = StepLog(ENV.STEP_LOG.value if config.tp_info.rank == 0 else "")
+        self.step_log = StepLog(ENV.STEP_LOG.value if config.tp_info.rank == 0 else "")  # a line per loop; "": off
         if self.step_log.path and not self.overlap_scheduling:
             logger.warning("MINISGL_STEP_LOG logs the overlap loop only; with overlap scheduling off it stays empty")
         super().__init__(config, self.engine.tp_cpu_group)
@@ -178,8 +171,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         self.prefill_manager.add_one_req(msg)
 
     def _abort_req(self, uid: int) -> None:
-        # Fix of upstream bug 4: upstream frees it here while the batch in flight may hold it (double free);
-        # _finish_req defers the release and its results are dropped.
+        # Fix of upstream bug 4 (freed here while the batch in flight may hold it): _finish_req defers the release
         if self.prefill_manager.has_req(uid):
             req = self.prefill_manager.abort_req(uid)  # its chunk in progress, if one was admitted
         elif (req := self.decode_manager.abort_req(uid)) is None:
@@ -255,8 +247,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         return ForwardInput(batch, self.engine.sampler.prepare(batch, self.token_pool), input_tuple, write_tuple)
 
     def _forward(self, fwd_input: ForwardInput, catch_up: ForwardData | None = None) -> ForwardData:
-        """Launch the batch. ``catch_up``: the previous batch, processed once this forward is launched and before
-        its sampling (a grammar's mask needs the previous token accepted)."""
+        """Launch the batch; ``catch_up`` (the previous batch) is processed after launch, before sampling (grammars)."""
         batch, sample_args, input_tuple, write_tuple = fwd_input
         batch.input_ids = self.token_pool[input_tuple]
         length_finished: Sequence[bool] = ()
@@ -286,13 +277,10 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
         fwd_input, fwd_output, length_finished, batch_id = last_data
         self.step_log.wait_for(fwd_output.copy_done_event)
         batch = fwd_input.batch
-        tokens_cpu = fwd_output.next_tokens_cpu
-        logprob_args, logprobs = fwd_input.sample_args.logprobs, fwd_output.logprobs
-        tokens = tokens_cpu.tolist()
-        token_logprobs = self._token_logprobs(batch, tokens, logprob_args, logprobs)
+        tokens = fwd_output.next_tokens_cpu.tolist()
+        token_logprobs = self._token_logprobs(batch, tokens, fwd_input.sample_args.logprobs, fwd_output.logprobs)
         reply: List[BaseTokenizerMsg] = []
-        # a plain token goes into TokenColumnsMsg's columns, not a message of its own (unless a stream interval)
-        columns = TokenColumnsMsg([], [], [])
+        columns = TokenColumnsMsg([], [], [])  # plain tokens, not a message each (unless a stream interval)
         plain_uid, plain_token = columns.uids.append, columns.tokens.append
         plain_skip = columns.skip_special_tokens.append
         use_columns = self.stream_out.interval == 1
@@ -340,8 +328,7 @@ class Scheduler(SchedulerIOMixin, ApiFieldsMixin):
             self.send_result(out)
 
     def _reject_stuck_head(self) -> None:
-        """Nothing runs or is in flight, yet no prefill forms: answer the head request with an error instead of
-        spinning forever (upstream bug 6; admission rules make this unreachable)."""
+        """Nothing in flight and no prefill forms: reject the head request, not spin (upstream bug 6; unreachable)."""
         pending = self.prefill_manager.pending_list[0]
         self.prefill_manager.abort_req(pending.uid)
         logger.error("request %d can never be scheduled; rejecting it", pending.uid)

@@ -1,6 +1,5 @@
 """A JSON line per overlap loop on rank 0 (``MINISGL_STEP_LOG=FILE``): its start, batch, the host's milliseconds per
-part (receive, schedule, launch, process, device wait), the queues. Written when idle, at exit, or every MAX_ROWS.
-"""
+part (receive, schedule, launch, process, device wait), the queues. Written when idle, at exit, or every MAX_ROWS."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """SGLang's ``--stream-interval N``: a request's tokens leave the scheduler every N processed steps (prefill ones
 too), its first and last at once. Every token still reaches the detokenizer, in order; an abort takes what was held
-first (``release``). The API server merges queued replies, so it writes about N times fewer chunks.
-"""
+first (``release``). The API server merges queued replies, so it writes about N times fewer chunks."""
 
 from __future__ import annotations
 

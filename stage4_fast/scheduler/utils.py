@@ -75,7 +75,6 @@ def _write_rows_and_cols(batch: Batch, lens: SeqLens) -> Tuple[torch.Tensor, tor
 
 def make_index_tuples(batch: Batch, lens: SeqLens, device: torch.device
                         ) -> Tuple[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]:
-    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads its inputs from and writes its
-    sampled tokens to, sent to the device in one copy."""
+    """(input tuple, write tuple): the token pool's (rows, columns) the batch reads and writes, in one device copy."""
     index = to_device_packed([*_input_index(lens), *_write_rows_and_cols(batch, lens)], device)
     return (index[0], index[1]), (index[2], index[3])

@@ -90,8 +90,7 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def to_device_packed(parts: Sequence[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
-    """Several host vectors of one dtype in one host -> device copy, each back as a view on a 16-byte boundary
-    (Triton compiles a kernel per pointer-alignment class: an odd offset would build a second variant mid-run)."""
+    """Host vectors of one dtype in one copy, each back as a view on a PACK_ALIGN_BYTES boundary."""
     align = max(1, PACK_ALIGN_BYTES // parts[0].element_size())
     pieces, starts, at = [], [], 0
     for part in parts:

@@ -76,8 +76,7 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
 
 
 def tp_split_problem(model_path: str, tp: int) -> str | None:
-    """Why the attention heads cannot be sharded over `tp` ranks (None when they can), asked before any rank starts
-    so that the answer is a message, not a layer's assertion."""
+    """Why the attention heads cannot be sharded over `tp` ranks, or None; asked before any rank starts (a message)."""
     config = cached_load_hf_config(model_path)
     config = getattr(config, "text_config", None) or config
     q = config.num_attention_heads

@@ -1,8 +1,7 @@
 """ZMQ queues between the server's processes: PUSH/PULL pipes and a PUB/SUB broadcast, sync and asyncio.
 
 A queue owns its context and one socket (``create=True`` binds, else connects); a message is ``msgpack(encoder(obj))``.
-High-water marks are unbounded: ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued messages.
-"""
+High-water marks are unbounded: ZMQ would otherwise drop (PUB) or block (PUSH) past 1000 queued messages."""
 
 from __future__ import annotations
 
@@ -29,27 +28,25 @@ def _unpack(decoder: Callable[[Any], T], raw: bytes) -> T:
     return decoder(msgpack.unpackb(raw, raw=False))
 
 
-def _attach(socket: zmq.Socket, addr: str, create: bool) -> str | None:
-    """Bind (create) or connect; returns the file an ipc:// bind created, which libzmq leaves behind on close."""
-    if not create:
-        socket.connect(addr)
-        return None
-    socket.bind(addr)
-    return addr.removeprefix("ipc://") if addr.startswith("ipc://") else None
-
-
-def _open(context: zmq.Context, kind: int, addr: str, create: bool) -> Tuple[zmq.Socket, str | None]:
-    socket = context.socket(kind)
-    socket.setsockopt(zmq.SNDHWM, 0)
-    socket.setsockopt(zmq.RCVHWM, 0)
-    socket.setsockopt(zmq.LINGER, _LINGER_MS)
-    return socket, _attach(socket, addr, create)
-
-
 class _Queue:
-    context: zmq.Context
-    socket: zmq.Socket
+    """One socket of ``KIND`` in its own context; ``codec`` is the encoder (sending ends) or decoder (receiving)."""
+
+    CONTEXT: Callable[[], zmq.Context] = zmq.Context
+    KIND: int
+    OPTIONS: Tuple[Tuple[int, Any], ...] = ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, _LINGER_MS))
     bound_file: str | None = None  # the ipc:// socket file this queue's bind created
+
+    def __init__(self, addr: str, create: bool, codec: Callable[[Any], Any]) -> None:
+        self.context, self.codec = self.CONTEXT(), codec
+        self.socket = self.context.socket(self.KIND)
+        for option, value in self.OPTIONS:
+            self.socket.setsockopt(option, value)
+        if not create:
+            self.socket.connect(addr)
+            return
+        self.socket.bind(addr)
+        if addr.startswith("ipc://"):  # libzmq leaves the file behind on close
+            self.bound_file = addr.removeprefix("ipc://")
 
     def stop(self) -> None:
         self.socket.close()
@@ -60,9 +57,7 @@ class _Queue:
 
 
 class _SyncReceiver(_Queue, Generic[T]):
-    """The receiving end shared by PULL and SUB: messages are decoded with the queue's `decoder`."""
-
-    decoder: Callable[[Any], T]
+    """The receiving end shared by PULL and SUB."""
 
     def get(self) -> T:
         return self.decode(self.get_raw())
@@ -71,51 +66,39 @@ class _SyncReceiver(_Queue, Generic[T]):
         return self.socket.recv()
 
     def decode(self, raw: bytes) -> T:
-        return _unpack(self.decoder, raw)
+        return _unpack(self.codec, raw)
 
     def empty(self) -> bool:
         return self.socket.poll(timeout=0) == 0
 
 
 class ZmqPushQueue(_Queue, Generic[T]):
-    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
-        self.context = zmq.Context()
-        self.socket, self.bound_file = _open(self.context, zmq.PUSH, addr, create)
-        self.encoder = encoder
+    KIND = zmq.PUSH
 
     def put(self, obj: T) -> None:
-        self.socket.send(_pack(self.encoder, obj), copy=False)
+        self.socket.send(_pack(self.codec, obj), copy=False)
 
 
 class ZmqAsyncPushQueue(_Queue, Generic[T]):
-    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
-        self.context = zmq.asyncio.Context()
-        self.socket, self.bound_file = _open(self.context, zmq.PUSH, addr, create)
-        self.encoder = encoder
+    CONTEXT, KIND = zmq.asyncio.Context, zmq.PUSH
 
     async def put(self, obj: T) -> None:
-        await self.socket.send(_pack(self.encoder, obj), copy=False)
+        await self.socket.send(_pack(self.codec, obj), copy=False)
 
     def put_nowait(self, obj: T) -> None:
         """Queue without awaiting (``finally`` blocks of cancelled tasks); an unbounded queue never has to wait."""
-        self.socket.send(_pack(self.encoder, obj), copy=False, flags=zmq.NOBLOCK)
+        self.socket.send(_pack(self.codec, obj), copy=False, flags=zmq.NOBLOCK)
 
 
 class ZmqPullQueue(_SyncReceiver[T]):
-    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
-        self.context = zmq.Context()
-        self.socket, self.bound_file = _open(self.context, zmq.PULL, addr, create)
-        self.decoder = decoder
+    KIND = zmq.PULL
 
 
 class ZmqAsyncPullQueue(_Queue, Generic[T]):
-    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
-        self.context = zmq.asyncio.Context()
-        self.socket, self.bound_file = _open(self.context, zmq.PULL, addr, create)
-        self.decoder = decoder
+    CONTEXT, KIND = zmq.asyncio.Context, zmq.PULL
 
     async def get(self) -> T:
-        return _unpack(self.decoder, await self.socket.recv())
+        return _unpack(self.codec, await self.socket.recv())
 
 
 class ZmqPubQueue(_Queue, Generic[T]):
@@ -123,15 +106,9 @@ class ZmqPubQueue(_Queue, Generic[T]):
     subscription arrives; upstream's barrier proves only that SUB sockets exist): as an XPUB socket it sees each
     subscription, so ``wait_for_subscribers(n)`` blocks until n are in and nothing published after is lost."""
 
-    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.XPUB)
-        self.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscription, also repeats of the same topic
-        self.socket.setsockopt(zmq.SNDHWM, 0)
-        self.socket.setsockopt(zmq.LINGER, _LINGER_MS)
-        self.bound_file = _attach(self.socket, addr, create)
-        self.encoder = encoder
-        self.num_subscribers = 0
+    # XPUB_VERBOSE: report every subscription, also repeats of the same topic
+    KIND, OPTIONS = zmq.XPUB, ((zmq.XPUB_VERBOSE, 1), (zmq.SNDHWM, 0), (zmq.LINGER, _LINGER_MS))
+    num_subscribers = 0
 
     def wait_for_subscribers(self, n: int, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -146,16 +123,8 @@ class ZmqPubQueue(_Queue, Generic[T]):
         self.socket.send(raw, copy=False)
 
     def put(self, obj: T) -> None:
-        self.put_raw(_pack(self.encoder, obj))
+        self.put_raw(_pack(self.codec, obj))
 
 
 class ZmqSubQueue(_SyncReceiver[T]):
-    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
-        self.bound_file = _attach(self.socket, addr, create)
-        self.decoder = decoder
-
+    KIND, OPTIONS = zmq.SUB, ((zmq.RCVHWM, 0), (zmq.LINGER, 0), (zmq.SUBSCRIBE, b""))

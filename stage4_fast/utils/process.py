@@ -10,15 +10,13 @@ from tqdm import tqdm
 
 
 def setup_worker_process(role: str) -> None:
-    """Name the process `minisgl::<role>` in `ps`, and give tqdm a thread lock: its default multiprocessing RLock is
-    a named semaphore that a killed worker leaks ("leaked semaphore objects" at shutdown)."""
+    """Name the process `minisgl::<role>`; tqdm gets a thread lock (its multiprocessing one leaks when killed)."""
     setproctitle(f"minisgl::{role}")
     tqdm.set_lock(threading.RLock())
 
 
 def freeze_startup_heap() -> None:
-    """Move every object alive now out of the collector's reach (`gc.freeze`, as vLLM and SGLang do): a full
-    collection would otherwise walk the whole start-up heap (model, modules, app), pausing every request. Only for a
-    process the engine owns: a frozen object is never collected."""
+    """`gc.freeze` (as vLLM and SGLang): a full collection would walk the whole start-up heap, pausing every request.
+    Only for a process the engine owns: a frozen object is never collected."""
     gc.collect()
     gc.freeze()
