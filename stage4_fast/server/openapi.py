@@ -27,13 +27,10 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-_DESCRIPTIONS = {
-    400: "invalid request: a value, an unsupported or unknown field, a prompt the model cannot take",
-    401: "missing or wrong API key",
-    404: "unknown model",
-    413: "request body larger than --max-request-bytes",
-    503: "overloaded (with Retry-After), stopping, or a worker died",
-}
+_DESCRIPTIONS = {400: "invalid request: a value, an unsupported or unknown field, a prompt the model cannot take",
+                 401: "missing or wrong API key", 404: "unknown model",
+                 413: "request body larger than --max-request-bytes",
+                 503: "overloaded (with Retry-After), stopping, or a worker died"}
 # one server-sent event: `data:` carries a JSON chunk, the last one `[DONE]`
 SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}},
                                         "required": ["data"]}}}
@@ -41,9 +38,8 @@ SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data":
 
 def error_responses(*statuses: int, streams: bool = False) -> Dict[int | str, Dict[str, Any]]:
     """A route's own error statuses (and its event-stream 200) for FastAPI's ``responses=``."""
-    responses: Dict[int | str, Dict[str, Any]] = {
-        status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]} for status in statuses
-    }
+    responses: Dict[int | str, Dict[str, Any]] = {status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]}
+                                                  for status in statuses}
     if streams:
         responses[200] = {"content": SSE, "description": "JSON, or with `\"stream\": true` server-sent events"}
     return responses

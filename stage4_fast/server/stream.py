@@ -81,11 +81,9 @@ class DeltaStream:
         await self._deltas.aclose()
 
 
-def generate_deltas(
-    frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
-    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
-    user: str | None = None,
-) -> DeltaStream:
+def generate_deltas(frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
+                    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
+                    user: str | None = None) -> DeltaStream:
     """Submit the request now; its stream gives a Delta per reply, the last with its finish reason. ``user``: the
     end-user id, for the request log."""
     uid = frontend.submit(prompt, sampling_params, chat_options, user)

@@ -42,26 +42,16 @@ def _wrap(msgs: list, batch_cls: type) -> Any:
     return msgs[0] if len(msgs) == 1 else batch_cls(msgs)
 
 
-def tokenize_worker(
-    *,
-    tokenizer_path: str,
-    addr: str,
-    create: bool,
-    backend_addr: str,
-    frontend_addrs: List[str],
-    local_bs: int,
-    tokenizer_id: int = -1,
-    ack_queue: Any = None,
-) -> None:
+def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addrs: List[str],
+                    local_bs: int, tokenizer_id: int = -1, ack_queue: Any = None) -> None:
     """Pull requests and tokens on ``addr``; push token ids to the scheduler and text to the API server that owns
     the request (``uid % len(frontend_addrs)``). One worker may do both jobs (upstream's shared mode)."""
     tokenizer = load_tokenizer(tokenizer_path)
     tokenize_manager = TokenizeManager(tokenizer)
     detokenize_manager = DetokenizeManager(tokenizer)
     send_backend: ZmqPushQueue[BaseBackendMsg] = ZmqPushQueue(backend_addr, False, BaseBackendMsg.encoder)
-    send_frontend: List[ZmqPushQueue[BaseFrontendMsg]] = [
-        ZmqPushQueue(a, False, BaseFrontendMsg.encoder) for a in frontend_addrs
-    ]
+    send_frontend: List[ZmqPushQueue[BaseFrontendMsg]] = [ZmqPushQueue(a, False, BaseFrontendMsg.encoder)
+                                                          for a in frontend_addrs]
     recv: ZmqPullQueue[BaseTokenizerMsg] = ZmqPullQueue(addr, create, BaseTokenizerMsg.decoder)
     freeze_startup_heap()  # before the ack: the first request must not wait for its collection
     if ack_queue is not None:
@@ -90,9 +80,8 @@ def _by_api_server(replies: List[BaseFrontendMsg], count: int) -> List[Tuple[int
     return list(groups.items())
 
 
-def _handle(
-    msgs: List[BaseTokenizerMsg], tokenize_manager: TokenizeManager, detokenize_manager: DetokenizeManager
-) -> tuple[list[BaseFrontendMsg], list[BaseBackendMsg]]:
+def _handle(msgs: List[BaseTokenizerMsg], tokenize_manager: TokenizeManager,
+            detokenize_manager: DetokenizeManager) -> tuple[list[BaseFrontendMsg], list[BaseBackendMsg]]:
     to_frontend: list[BaseFrontendMsg] = []
     to_backend: list[BaseBackendMsg] = []
     detok = [m for m in msgs if isinstance(m, DetokenizeMsg)]

@@ -96,11 +96,10 @@ ChatMessage = Annotated[SystemOrUserMessage | AssistantMessage | ToolMessage, Fi
 
 
 # apply_chat_template's own parameters and render names: chat_template_kwargs may not set these
-CHAT_TEMPLATE_RESERVED = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
+CHAT_TEMPLATE_RESERVED = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                                    "add_generation_prompt", "continue_final_message", "tokenize",
+                                    "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors",
+                                    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 def template_rules(schema: Dict[str, Any]) -> None:

@@ -80,11 +80,9 @@ Prompt = Annotated[
     Discriminator(_json_shape, custom_error_type="invalid_prompt",
                   custom_error_message="prompt must be text, token ids, or a list of those"),
 ]
-SinglePrompt = Annotated[
-    Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")],
-    Discriminator(_json_shape, custom_error_type="invalid_prompt",
-                  custom_error_message="prompt must be text or token ids"),
-]
+SinglePrompt = Annotated[Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")],
+                         Discriminator(_json_shape, custom_error_type="invalid_prompt",
+                                       custom_error_message="prompt must be text or token ids")]
 Stop = Annotated[
     Annotated[Text, Tag("text")] | Annotated[List[Text], Tag("list")],
     Discriminator(_stop_shape, custom_error_type="invalid_stop",
@@ -141,10 +139,9 @@ class Strict(BaseModel):
         for name in known:
             field = cls.not_implemented[name]
             if not field.accepts(data[name]):
-                raise PydanticCustomError(
-                    "not_implemented", "'{param}' is not implemented by this server ({what}); accepted: {accepted}",
-                    {"param": name, "what": field.what, "accepted": field.accepted()},
-                )
+                raise PydanticCustomError("not_implemented",
+                                          "'{param}' is not implemented by this server ({what}); accepted: {accepted}",
+                                          {"param": name, "what": field.what, "accepted": field.accepted()})
         return {k: v for k, v in data.items() if k not in known} if known else data
 
 
