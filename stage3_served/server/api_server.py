@@ -70,7 +70,9 @@ def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
     app.state.backend = backend
     app.state.created = int(time.time())
     _install_error_handlers(app)
-    _add_routes(app)
+    _add_status_routes(app)
+    _add_completion_routes(app)
+    _add_chat_routes(app)
     install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
                     api_key=config.api_key is not None)
     return app
@@ -106,10 +108,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code,
-                                                                                            "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         # a 405 carries Starlette's Allow header (RFC 9110)
-        return _error_response(APIError(exc.status_code, str(exc.detail), code, headers=exc.headers))
+        return _error_response(APIError(exc.status_code, str(exc.detail), code or "http_error", headers=exc.headers))
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -238,12 +239,6 @@ async def _sse_stream(first: Delta, deltas: AsyncIterator[Delta], make_chunk, us
 
 def _stream_response(body: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _add_routes(app: FastAPI) -> None:
-    _add_status_routes(app)
-    _add_completion_routes(app)
-    _add_chat_routes(app)
 
 
 def _frontend(app: FastAPI) -> FrontendManager:

@@ -80,7 +80,9 @@ def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, cre
     app.state.backend = backend
     app.state.created = int(time.time()) if created is None else created
     _install_error_handlers(app)
-    _add_routes(app)
+    _add_status_routes(app)
+    _add_completion_routes(app)
+    _add_chat_routes(app)
     add_tokenize_routes(app, _check_model)
     install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
                     api_key=config.api_key is not None)
@@ -118,10 +120,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code,
-                                                                                            "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         # a 405 carries Starlette's Allow header (RFC 9110)
-        return _error_response(APIError(exc.status_code, str(exc.detail), code, headers=exc.headers))
+        return _error_response(APIError(exc.status_code, str(exc.detail), code or "http_error", headers=exc.headers))
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -231,10 +232,6 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _shows(d: Delta) -> bool:
-    return bool(d.text) or d.finish_reason is not None or d.logprobs is not None or d.prompt_logprobs is not None
-
-
 async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]],
                       make_chunk: Callable[[int, Delta], Dict[str, Any]],
                       usage_chunk: Callable[[List[Delta]], Dict[str, Any]] | None,
@@ -252,7 +249,7 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
                 if isinstance(d, Exception):
                     yield _sse(_unavailable(f"the request failed: {d!r}").body())
                     break
-                if _shows(d):
+                if d.text or d.finish_reason is not None or d.logprobs is not None or d.prompt_logprobs is not None:
                     yield _sse(make_chunk(index, d))
                 if d.finish_reason is not None:
                     finals[index] = d
@@ -278,12 +275,6 @@ def _with_usage_so_far(chunk: Callable[[int, Delta | None], Dict[str, Any]],
 
 def _stream_response(body: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _add_routes(app: FastAPI) -> None:
-    _add_status_routes(app)
-    _add_completion_routes(app)
-    _add_chat_routes(app)
 
 
 def _frontend(app: FastAPI) -> FrontendManager:
@@ -435,11 +426,8 @@ def _add_chat_routes(app: FastAPI) -> None:
                     reasoning, text = stream.feed(text, final=finish is not None)
                 if reader is not None:
                     text, calls, finish = reader.piece(index, text, finish)
-                delta: Dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
-                if text:
-                    delta["content"] = text
-                if calls:
-                    delta["tool_calls"] = calls
+                parts = (("reasoning_content", reasoning), ("content", text), ("tool_calls", calls))
+                delta = {name: value for name, value in parts if value}
                 piece = {"index": index, "delta": delta, "logprobs": logprobs(d), "finish_reason": finish}
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [piece]}
@@ -463,8 +451,6 @@ async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIte
         heads = [chunk(i, None) for i in range(len(streams))] if chat else []
         return _stream_response(_sse_stream(firsts, streams, chunk, usage_chunk if with_usage else None, heads))
     finals = await _collect(request, firsts, streams)
-    return JSONResponse({
-        "id": rid, "object": obj, "created": created, "model": model,
-        "choices": [choice(i, d) for i, d in enumerate(finals)],
-        "usage": usage_dict(*totals(finals, req.n)),
-    })
+    return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
+                         "choices": [choice(i, d) for i, d in enumerate(finals)],
+                         "usage": usage_dict(*totals(finals, req.n))})

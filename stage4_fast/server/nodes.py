@@ -9,6 +9,7 @@ left to the ranks' collective timeout.
 from __future__ import annotations
 
 import threading
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable, List, Set
@@ -72,12 +73,11 @@ class NodeLink:
         word = torch.zeros(1, dtype=torch.int32)
         try:
             dist.recv(word, src=peer)
+            message, cleanly = f"{self.describe(peer)} stopped", word.item() == _STOPPED
         except Exception as e:  # gloo: "Connection closed by peer"
-            self._gone.add(peer)
-            self._report(on_lost, f"lost {self.describe(peer)}: {_first_line(e)}", False)
-            return
+            message, cleanly = f"lost {self.describe(peer)}: {_first_line(e)}", False
         self._gone.add(peer)
-        self._report(on_lost, f"{self.describe(peer)} stopped", word.item() == _STOPPED)
+        self._report(on_lost, message, cleanly)
 
     def _report(self, on_lost: Callable[[str], None], message: str, cleanly: bool) -> None:
         with self._lock:
@@ -96,10 +96,8 @@ class NodeLink:
         import torch.distributed as dist
 
         for peer in set(self.peers) - self._gone:
-            try:  # a peer that is gone already (or has had its word) never takes it: don't wait long
+            with suppress(Exception):  # a peer gone already (or that had its word) never takes it
                 dist.isend(torch.full((1,), _STOPPED, dtype=torch.int32), dst=peer).wait(_GOODBYE_TIMEOUT)
-            except Exception:
-                pass
 
 
 def _first_line(e: BaseException) -> str:

@@ -80,21 +80,13 @@ class DetokenizeManager:
         replies = []
         for s, msg in zip(statuses, msgs):
             new_text, s.unsent = s.unsent, ""
+            prompt_lp = msg.prompt_logprobs
+            # every generated token's logprobs, the final EOS too (lm-eval counts one per token)
             replies.append(UserReply(
-                uid=msg.uid,
-                incremental_output=new_text,
-                finished=msg.finished,
-                finish_reason=msg.finish_reason,
-                prompt_tokens=s.prompt_tokens,
-                completion_tokens=s.completion_tokens,
-                cached_tokens=s.cached_tokens,
-                error=msg.error,
-                # every generated token's logprobs, the final EOS too (lm-eval counts one per token)
-                logprobs=self._as_text(msg.logprobs) if msg.logprobs is not None else None,
-                prompt_logprobs=self._as_text(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None,
-                prompt_text=(self._decode_batch([msg.prompt_logprobs.token_ids], msg.skip_special_tokens)[0]
-                             if msg.prompt_logprobs else None),
-            ))
+                msg.uid, new_text, msg.finished, msg.finish_reason, s.prompt_tokens, s.completion_tokens,
+                s.cached_tokens, msg.error, self._as_text(msg.logprobs) if msg.logprobs is not None else None,
+                self._as_text(prompt_lp) if prompt_lp is not None else None,
+                self._decode_batch([prompt_lp.token_ids], msg.skip_special_tokens)[0] if prompt_lp else None))
         return replies
 
     def _commit(self, pending: List[Tuple[DecodeStatus, bool]], skip_special_tokens: bool) -> None:

@@ -121,16 +121,11 @@ def _chat_request_rules(schema: Dict[str, Any], cls: type) -> None:
 class ChatTemplateFields(Strict):
     """What renders chat messages into a prompt: vLLM's and SGLang's chat template options, and the tools."""
 
-    add_generation_prompt: bool | None = Field(
-        None, description="end the prompt with the template's assistant header (default: true, unless "
-                          "continue_final_message)")
-    continue_final_message: bool = Field(
-        False, description="leave the last message open: the model continues it (e.g. an assistant's prefix)")
-    chat_template_kwargs: Dict[str, TemplateValue] | None = Field(
-        None, description="more variables for the model's chat template, e.g. {\"enable_thinking\": false} for "
-                          "Qwen3")
-    tools: List[Tool] | None = Field(None, description="functions the model may call (the chat template renders "
-                                                       "them; a template that does not is a 400)")
+    add_generation_prompt: bool | None = Field(None, description="end with the assistant header (default: true, "
+                                                                 "unless continue_final_message)")
+    continue_final_message: bool = Field(False, description="the model continues the last message")
+    chat_template_kwargs: Dict[str, TemplateValue] | None = Field(None, description="more chat template variables")
+    tools: List[Tool] | None = Field(None, description="functions the model may call")
 
     @model_validator(mode="after")
     def _check_template_options(self) -> ChatTemplateFields:
@@ -165,15 +160,11 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     logprobs: bool = Field(False, description="the logprob of every output token")
     top_logprobs: TopLogprobs | None = Field(None, description="and of the most likely ones (needs logprobs)")
     # SGLang's (sglang-router sends them): what --reasoning-parser does with a thinking block (nothing without one)
-    separate_reasoning: bool = Field(True, description="SGLang extension: the thinking block goes to "
-                                                       "reasoning_content (false: it stays in the content)")
-    stream_reasoning: bool = Field(True, description="SGLang extension: false sends the reasoning whole once it "
-                                                     "ends")
+    separate_reasoning: bool = Field(True, description="SGLang extension: the thinking block to reasoning_content")
+    stream_reasoning: bool = Field(True, description="SGLang extension: false sends the reasoning whole at its end")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="default: auto with tools (needs --tool-call-parser), none without; required or a named "
-                          "tool hold the output to calls (JSON)")
-    parallel_tool_calls: bool = Field(True, description="false: at most one tool call (required holds the "
-                                                        "output to one; auto keeps the first)")
+        None, description="default: auto with tools (needs --tool-call-parser), none without")
+    parallel_tool_calls: bool = Field(True, description="false: at most one tool call")
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
