@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any, Callable, List
 
@@ -179,10 +180,8 @@ class WorkerSet:
                 proc.kill()
                 proc.join()
         for path in self.config.ipc_paths:
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
         self.ack_queue.close()
 
 
@@ -238,8 +237,7 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
 
     from .api_server import BackendInfo, create_app
 
-    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
-                          vocab_size=info["vocab_size"])
+    backend = BackendInfo(**{k: info[k] for k in ("max_seq_len", "num_pages", "page_size", "vocab_size")})
     app = create_app(config, backend)
 
     def end_requests(reason: str) -> None:

@@ -11,6 +11,7 @@ A list of messages of one class travels as columns (``"__columns__"``: one list 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from typing import Any, Callable, ClassVar, Dict, Mapping, Tuple
 
@@ -21,27 +22,19 @@ _COLUMNS = "__columns__"
 _TYPE = "__type__"
 _DICT = "__dict__"  # a plain dict that has a "__type__" key of its own (its keys are data, e.g. a client's)
 _PLAIN = (bool, int, float, str, bytes, type(None))
-_INIT_FIELDS: Dict[type, Tuple[str, ...]] = {}
-_GETTERS: Dict[type, Callable[[Any], tuple]] = {}
 
 
+@functools.cache
 def _init_fields(cls: type) -> Tuple[str, ...]:
-    names = _INIT_FIELDS.get(cls)
-    if names is None:
-        names = _INIT_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
-    return names
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
+@functools.cache
 def _getter(cls: type) -> Callable[[Any], tuple]:
-    getter = _GETTERS.get(cls)
-    if getter is None:
-        names = _init_fields(cls)
-        if len(names) > 1:
-            getter = operator.attrgetter(*names)
-        else:  # attrgetter of one name returns the value, not a 1-tuple, and of none is an error
-            getter = lambda v: tuple(getattr(v, name) for name in names)  # noqa: E731
-        _GETTERS[cls] = getter
-    return getter
+    names = _init_fields(cls)
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    return lambda v: tuple(getattr(v, name) for name in names)  # attrgetter of one name gives no tuple, of none fails
 
 
 def _is_message(obj: Any) -> bool:

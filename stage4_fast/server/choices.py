@@ -6,6 +6,7 @@ Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn wit
 from __future__ import annotations
 
 import asyncio
+from copy import deepcopy
 from dataclasses import replace
 from typing import Any, AsyncIterator, Dict, List, Sequence, Tuple
 
@@ -57,12 +58,8 @@ async def first_deltas(streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
 
 def merge_delta(total: Delta | None, d: Delta) -> Delta:
     """``total`` (the choice so far) followed by ``d``: texts and logprobs joined, the latest counts."""
-    if total is None:
-        logprobs = None
-        if d.logprobs is not None:
-            logprobs = TextLogprobs()
-            logprobs.extend(d.logprobs)
-        return replace(d, logprobs=logprobs)
+    if total is None:  # a copy of the logprobs, which later deltas extend in place
+        return replace(d, logprobs=deepcopy(d.logprobs))
     if d.logprobs is not None:
         total.logprobs = total.logprobs or TextLogprobs()
         total.logprobs.extend(d.logprobs)

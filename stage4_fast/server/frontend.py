@@ -53,11 +53,9 @@ class FrontendManager:
         self.submit_time: Dict[int, float] = {}
         self.request_log = RequestLog(config.max_log_len) if config.log_requests else None
         self.send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]] = [
-            ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs
-        ]
+            ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs]
         self.recv_tokenizer: ZmqAsyncPullQueue[BaseFrontendMsg] = ZmqAsyncPullQueue(
-            config.zmq_frontend_addrs[api_index], True, BaseFrontendMsg.decoder
-        )
+            config.zmq_frontend_addrs[api_index], True, BaseFrontendMsg.decoder)
         self.uid_counter = itertools.count(api_index, self.api_count)
         # uid -> its replies; None in a queue means "the backend is gone"
         self.ack_map: Dict[int, asyncio.Queue[UserReply | StatsReply | None]] = {}
@@ -68,8 +66,6 @@ class FrontendManager:
         while True:
             try:
                 msg = await self.recv_tokenizer.get()
-            except asyncio.CancelledError:
-                raise
             except Exception:  # one undecodable message must not stop every later reply
                 logger.exception("frontend: dropping a message it cannot decode")
                 continue

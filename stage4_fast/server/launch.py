@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any, Callable, List, Tuple
 
@@ -231,10 +232,8 @@ class WorkerSet:
                 proc.kill()
                 proc.join()
         for path in self.config.ipc_paths:
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
         if self.metrics_dir is not None:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.ack_queue.close()
@@ -332,8 +331,7 @@ def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: in
             if server.should_exit:
                 return  # stopped before serving: uvicorn opens the sockets and shuts down at once
 
-    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
-                          vocab_size=info["vocab_size"])
+    backend = BackendInfo(**{k: info[k] for k in ("max_seq_len", "num_pages", "page_size", "vocab_size")})
     app = create_app(config, backend, api_index, created, ready)
 
     def end_requests(reason: str) -> None:

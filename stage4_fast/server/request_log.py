@@ -52,5 +52,4 @@ class RequestLog:
         elif finished and last is not None:
             logger.info("request %d finished (%s) in %.3f s: %s", uid, last.finish_reason, seconds, tokens)
         else:
-            logger.info("request %d aborted after %.3f s (its client left or stopped reading): %s", uid, seconds,
-                        tokens)
+            logger.info("request %d aborted after %.3f s (its client left): %s", uid, seconds, tokens)

@@ -47,13 +47,7 @@ class HermesStream:
 
     def feed(self, piece: str, final: bool = False) -> Tuple[str, List[Dict[str, Any]]]:
         text, shown, new_calls = self.pending + piece, [], []
-        while True:
-            start = text.find(START)
-            if start < 0:
-                break
-            end = text.find(END, start + len(START))
-            if end < 0:
-                break
+        while (start := text.find(START)) >= 0 and (end := text.find(END, start + len(START))) >= 0:
             shown.append(text[:start])
             call = _block_call(text[start + len(START) : end].strip())
             if call is None:  # not a call after all: its text is content
