@@ -6,23 +6,16 @@ import logging
 from typing import Any, List
 
 from ..message import (
-    AbortBackendMsg,
     AbortMsg,
-    BaseBackendMsg,
-    BaseFrontendMsg,
     BaseTokenizerMsg,
-    BatchBackendMsg,
-    BatchFrontendMsg,
     BatchTokenizerMsg,
     DetokenizeMsg,
-    StatsBackendMsg,
     StatsMsg,
     StatsQueryMsg,
-    StatsReply,
     TokenizeMsg,
-    UserMsg,
-    UserReply,
 )
+from ..message.backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, StatsBackendMsg, UserMsg
+from ..message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
 from ..utils.hf import load_tokenizer
 from ..utils.mp import ZmqPullQueue, ZmqPushQueue
 from .detokenize import DetokenizeManager

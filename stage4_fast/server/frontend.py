@@ -9,16 +9,8 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator, Deque, Dict, List
 
-from ..message import (
-    AbortMsg,
-    BaseFrontendMsg,
-    BaseTokenizerMsg,
-    BatchFrontendMsg,
-    StatsQueryMsg,
-    StatsReply,
-    TokenizeMsg,
-    UserReply,
-)
+from ..message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
+from ..message.tokenizer import AbortMsg, BaseTokenizerMsg, StatsQueryMsg, TokenizeMsg
 from ..utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 from .args import ServerArgs
 from .metrics import ServerMetrics

@@ -6,24 +6,17 @@ import logging
 from typing import Any, Dict, List, Tuple
 
 from ..message import (
-    AbortBackendMsg,
     AbortMsg,
-    BaseBackendMsg,
-    BaseFrontendMsg,
     BaseTokenizerMsg,
-    BatchBackendMsg,
-    BatchFrontendMsg,
     BatchTokenizerMsg,
     DetokenizeMsg,
-    StatsBackendMsg,
     StatsMsg,
     StatsQueryMsg,
-    StatsReply,
     TokenizeMsg,
-    UserMsg,
-    UserReply,
     expand_columns,
 )
+from ..message.backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, StatsBackendMsg, UserMsg
+from ..message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
 from ..utils.hf import load_tokenizer
 from ..utils.mp import ZmqPullQueue, ZmqPushQueue
 from ..utils.process import freeze_startup_heap
