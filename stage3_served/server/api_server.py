@@ -65,9 +65,7 @@ def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
     app = FastAPI(title="mini-sglang stage3_served", lifespan=lifespan)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_request_bytes=config.max_request_bytes,
                        metrics=metrics)
-    app.state.metrics = metrics
-    app.state.config = config
-    app.state.backend = backend
+    app.state.metrics, app.state.config, app.state.backend = metrics, config, backend
     app.state.created = int(time.time())
     _install_error_handlers(app)
     _add_status_routes(app)

@@ -26,8 +26,7 @@ LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
 # flags of upstream, vLLM or SGLang that this server does not offer, and why (looked up for unknown flags only)
 UNSUPPORTED_FLAGS = {
-    "--disable-pynccl": "this engine has no PyNCCL; all-reduce always goes through torch.distributed, as the flag "
-                        "asks, so leave it out",
+    "--disable-pynccl": "this engine has no PyNCCL: all-reduce goes through torch.distributed, as the flag asks",
     "--model-source": "models come from a local directory or the Hugging Face hub",
     "--tokenizer": "the tokenizer is read from the model directory",
     "--tokenizer-path": "the tokenizer is read from the model directory",

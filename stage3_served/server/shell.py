@@ -95,10 +95,8 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
 
     def end_prompt() -> None:
         if ctrl_c.is_set() and session.app.is_running:
-            try:
+            with contextlib.suppress(Exception):  # the prompt is already returning a line: the loop sees the flag next
                 session.app.exit(exception=KeyboardInterrupt())
-            except Exception:  # the prompt is already returning a line: the loop sees the flag next
-                pass
 
     def on_sigint() -> None:
         if streaming:  # (an answer that has just ended swallows it: a late Ctrl-C does not quit the shell)

@@ -75,9 +75,7 @@ def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, cre
     app = FastAPI(title="mini-sglang stage4_fast", lifespan=lifespan)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_request_bytes=config.max_request_bytes,
                        metrics=metrics)
-    app.state.metrics = metrics
-    app.state.config = config
-    app.state.backend = backend
+    app.state.metrics, app.state.config, app.state.backend = metrics, config, backend
     app.state.created = int(time.time()) if created is None else created
     _install_error_handlers(app)
     _add_status_routes(app)
@@ -216,11 +214,8 @@ async def _start(request: Request, streams: Sequence[AsyncIterator[Delta]]) -> L
 
 async def _collect(request: Request, firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
     """Every choice's whole output (text and logprobs joined), in choice order."""
-    async def run() -> List[Delta]:
-        return list(await asyncio.gather(*(collect_choice(f, s) for f, s in zip(firsts, streams))))
-
     try:
-        return await _unless_disconnected(request, run())
+        return list(await _unless_disconnected(request, asyncio.gather(*map(collect_choice, firsts, streams))))
     except (RequestRejected, BackendUnavailable, QueueFull) as e:
         raise _backend_error(e) from None
     finally:
@@ -357,9 +352,7 @@ def _add_completion_routes(app: FastAPI) -> None:
                 prompt = prompts[index // req.n]
                 text = (prompt if isinstance(prompt, str) else d.prompt_text or "") + text
                 prompt_logprobs = d.prompt_logprobs
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs = logprob_builders[index].format(prompt_logprobs, d.logprobs)
+            logprobs = None if req.logprobs is None else logprob_builders[index].format(prompt_logprobs, d.logprobs)
             return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}
 
         def chunk(index: int, d: Delta) -> Dict[str, Any]:

@@ -25,8 +25,7 @@ def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
 def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: SamplingParams, n: int,
                  stops: List[str], chat_options: Dict[str, Any] | None = None,
                  keep_stop: bool = False, user: str | None = None) -> List[DeltaStream]:
-    """Every choice submitted now, its delta stream in choice order; if one cannot be (a full queue, a dead
-    backend), those before it are aborted and its error raised."""
+    """Every choice submitted now, in choice order; if one cannot be, those before it are aborted."""
     streams: List[DeltaStream] = []
     try:
         for prompt in prompts:

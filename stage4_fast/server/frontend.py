@@ -99,12 +99,9 @@ class FrontendManager:
         return uid
 
     async def replies(self, uid: int, keep_apart_after: int = 0) -> AsyncIterator[UserReply]:
-        """The request's replies up to the finished one. However the consumer stops, the entry is removed and an
-        unfinished request aborted (upstream leaked entries).
-
-        Replies that queued up while the consumer waited are merged into one (as vLLM's output collector): a loaded
-        server writes one chunk per request per turn. ``keep_apart_after``: replies up to that many completion
-        tokens are not merged with later ones (min_tokens' stop strings count only after them)."""
+        """The request's replies up to the finished one; however the consumer stops, the entry is removed and an
+        unfinished request aborted. Replies that queued up meanwhile are merged into one (as vLLM's output collector),
+        but not across ``keep_apart_after`` completion tokens (min_tokens' stop strings count only after them)."""
         queue = self.ack_map[uid]
         finished = backend_gone = False
         last = started = self.submit_time.get(uid)

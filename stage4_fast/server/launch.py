@@ -33,7 +33,7 @@ from ..utils.process import freeze_startup_heap, setup_worker_process
 from .args import ServerArgs, parse_args, split_host_port
 from .cli import prog_name
 from .nodes import NodeLink
-from .preflight import StartupError, bind_listener, check_port_free, share_port
+from .preflight import StartupError, bind_listener, check_port_free
 
 logger = logging.getLogger("stage4_fast")
 
@@ -155,10 +155,11 @@ class WorkerSet:
             signal.signal(signal.SIGINT, previous)
 
     def start_api_servers(self, info: dict, listener: socket.socket) -> None:
-        """Start the N API server processes and wait until each is ready; process 0 takes ``listener``, the others
-        sockets of their own on the same port (SO_REUSEPORT)."""
+        """Start the N API server processes and wait for them (process 0 takes ``listener``)."""
         c = self.config
-        share_port(listener)
+        # other sockets may bind the port now (bound without the option, it was checked free); Linux spreads the
+        # connections over them
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self.metrics_dir = tempfile.mkdtemp(prefix=f"minisgl_metrics{c._unique_suffix}.")  # (named as the ipc files)
         created = int(time.time())
         self._spawn([(f"minisgl-api-server-{i}", _run_api_server,
@@ -311,8 +312,7 @@ def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
     logger.info("node %d of %d: TP ranks %d..%d of %d ready, following node 0 at %s", config.node_rank,
                 config.nnodes, ranks[0], ranks[-1], config.tp_info.size, config.dist_init_addr)
     ended.get()  # Ctrl-C / SIGTERM interrupt the wait (KeyboardInterrupt)
-    link = workers.link
-    return 0 if link is not None and link.lost_cleanly else 1
+    return 0 if workers.link is not None and workers.link.lost_cleanly else 1
 
 
 def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: int | None = None,

@@ -14,13 +14,9 @@ logger = logging.getLogger(__name__)
 
 def changed_fields(params: Any) -> Dict[str, Any]:
     """The fields of a dataclass that differ from their defaults (a request's sampling parameters, readably)."""
-    changed = {}
-    for f in dataclasses.fields(params):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        value = getattr(params, f.name)
-        if value != default:
-            changed[f.name] = value
-    return changed
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(params)}
+    return {name: value for name, default in defaults.items() if (value := getattr(params, name)) != default}
 
 
 @dataclass

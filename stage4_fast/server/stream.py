@@ -99,12 +99,9 @@ async def _deltas(frontend: FrontendManager, uid: int, matcher: StopStringMatche
             if reply.error:
                 raise RequestRejected(reply.error)
             text, hit = matcher.feed(reply.incremental_output, armed=reply.completion_tokens > armed_after)
-            finish: str | None = None
-            if hit:
-                finish = "stop"
-            elif reply.finished:
+            if reply.finished and not hit:
                 text += matcher.flush()
-                finish = reply.finish_reason or "stop"
+            finish = "stop" if hit else (reply.finish_reason or "stop") if reply.finished else None
             yield Delta(text, finish, reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens,
                         reply.logprobs, reply.prompt_text, reply.prompt_logprobs)
             if finish is not None:

@@ -74,8 +74,7 @@ def parse_hermes(text: str) -> Tuple[str, List[Dict[str, Any]]]:
 
 
 def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool = True) -> Dict[str, Any]:
-    """The JSON the output is held to: a named tool's arguments, or (required) a non-empty list of calls to
-    ``tools``, of one call unless ``parallel``."""
+    """The JSON the output is held to: a named tool's arguments, or (required) a list of calls (one unless parallel)."""
     params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
     if name is not None:
         return params[name]

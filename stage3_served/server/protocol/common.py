@@ -100,9 +100,7 @@ class NotImplementedField:
 
 def _same_json(a: Any, b: Any) -> bool:
     """JSON equality: 0 == 0.0, but true is not 1."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+    if type(a) in (int, float) and type(b) in (int, float):  # (JSON values: bool is neither)
         return a == b
     return type(a) is type(b) and a == b
 

@@ -35,9 +35,7 @@ Content = str | List[TextPart]
 
 
 def _text(content: Content | None) -> str:
-    if content is None:
-        return ""
-    return content if isinstance(content, str) else "".join(p.text for p in content)
+    return "" if content is None else content if isinstance(content, str) else "".join(p.text for p in content)
 
 
 class SystemOrUserMessage(Strict):
@@ -142,9 +140,7 @@ class ChatTemplateFields(Strict):
 
     def chat_options(self) -> Dict[str, Any] | None:
         """The template's keyword arguments beyond the default (None); tools go to it whatever the tool_choice."""
-        add = self.add_generation_prompt
-        if add is None:
-            add = not self.continue_final_message
+        add = self.add_generation_prompt if self.add_generation_prompt is not None else not self.continue_final_message
         if add and not self.continue_final_message and not self.chat_template_kwargs and not self.tools:
             return None
         return {**(self.chat_template_kwargs or {}), "add_generation_prompt": add,
@@ -186,9 +182,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
         return self
 
     def effective_tool_choice(self) -> str | NamedToolChoice:
-        if self.tool_choice is not None:
-            return self.tool_choice
-        return "auto" if self.tools else "none"
+        return self.tool_choice if self.tool_choice is not None else "auto" if self.tools else "none"
 
     def forced_tool(self) -> bool:
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)

@@ -74,6 +74,4 @@ class SamplingFields(StructuredOutputFields):
         return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
 
     def stop_list(self) -> List[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
