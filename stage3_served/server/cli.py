@@ -28,8 +28,7 @@ LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 UNSUPPORTED_FLAGS = {
     "--disable-pynccl": "this engine has no PyNCCL: all-reduce goes through torch.distributed, as the flag asks",
     "--model-source": "models come from a local directory or the Hugging Face hub",
-    "--tokenizer": "the tokenizer is read from the model directory",
-    "--tokenizer-path": "the tokenizer is read from the model directory",
+    **dict.fromkeys(["--tokenizer", "--tokenizer-path"], "the tokenizer is read from the model directory"),
     "--chat-template": "the model's own chat template is used",
     "--quantization": "quantized weights are not supported; weights load in --dtype",
     "--revision": "pass a local model directory (or a hub id at its default revision)",

@@ -238,11 +238,9 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
             yield _sse(head)
         async with aclosing(merged_deltas(firsts, streams)) as merged:
             async for index, d in merged:
-                if isinstance(d, (RequestRejected, BackendUnavailable)):
-                    yield _sse(_backend_error(d).body())
-                    break
                 if isinstance(d, Exception):
-                    yield _sse(_unavailable(f"the request failed: {d!r}").body())
+                    known = isinstance(d, (RequestRejected, BackendUnavailable))
+                    yield _sse((_backend_error(d) if known else _unavailable(f"the request failed: {d!r}")).body())
                     break
                 if d.text or d.finish_reason is not None or d.logprobs is not None or d.prompt_logprobs is not None:
                     yield _sse(make_chunk(index, d))

@@ -79,8 +79,7 @@ async def collect_choice(first: Delta, stream: AsyncIterator[Delta]) -> Delta:
 
 async def merged_deltas(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]]
                         ) -> AsyncIterator[Tuple[int, Delta | Exception]]:
-    """(choice index, delta) of every choice as they come, up to each one's final delta; a failed choice yields
-    its exception and ends the merge. Closing the merge closes every stream."""
+    """(choice index, delta) as they come, to each final delta; a failure yields its exception and ends the merge."""
     queue: asyncio.Queue[Tuple[int, Delta | Exception]] = asyncio.Queue()
 
     async def pump(index: int, first: Delta, stream: AsyncIterator[Delta]) -> None:

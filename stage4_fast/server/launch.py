@@ -318,8 +318,7 @@ def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
 def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: int | None = None,
                  on_ready: Callable[[], None] | None = None, serving: Any = None,
                  follow_launcher: bool = False) -> Tuple[Any, Callable[[str], None]]:
-    """uvicorn with this process's app, and its ``end_requests(reason)``. ``follow_launcher``: leave Ctrl-C to the
-    launcher; with ``serving`` (an event) the sockets open only once it is set."""
+    """uvicorn with this process's app, and its ``end_requests(reason)``; sockets open once ``serving`` is set."""
     import uvicorn
 
     from .api_server import BackendInfo, create_app

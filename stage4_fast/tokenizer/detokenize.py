@@ -36,8 +36,7 @@ class DecodeStatus:
 
 
 def batch_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[List[List[int]], bool], List[str]]:
-    """``(seqs, skip_special_tokens) -> texts`` in one call: the Rust ``decode_batch`` when transformers' ``decode``
-    would add nothing to it (no space clean-up), else ``decode`` per list."""
+    """``(seqs, skip_special_tokens) -> texts``: the Rust ``decode_batch`` unless ``decode`` cleans up spaces."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if hasattr(backend, "decode_batch") and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return lambda seqs, skip: backend.decode_batch(seqs, skip_special_tokens=skip)

@@ -144,12 +144,9 @@ class Strict(BaseModel):
 
 
 def unknown_field_message(model: type[BaseModel] | None, name: str) -> str:
-    message = f"unknown parameter {name!r}"
-    if model is not None:
-        close = difflib.get_close_matches(name, [*model.model_fields, *getattr(model, "not_implemented", {})], n=1)
-        if close:
-            message += f" (did you mean {close[0]!r}?)"
-    return message
+    known = [*model.model_fields, *getattr(model, "not_implemented", {})] if model is not None else []
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"unknown parameter {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Dict[str, Any]:
