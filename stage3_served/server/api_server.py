@@ -38,9 +38,7 @@ REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": 
 
 
 @dataclass
-class BackendInfo:
-    """What the scheduler reported when it became ready."""
-
+class BackendInfo:  # what the scheduler reported when it became ready
     max_seq_len: int
     num_pages: int
     page_size: int
@@ -156,8 +154,7 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``, or cancel it and raise ClientGone if the client leaves first (Starlette covers streams)."""
-    work_task = asyncio.ensure_future(work)
-    gone_task = asyncio.ensure_future(_wait_disconnect(request))
+    work_task, gone_task = asyncio.ensure_future(work), asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -57,8 +57,7 @@ class FrontendManager:
                 logger.exception("frontend: dropping a message it cannot decode")
                 continue
             for reply in msg.data if isinstance(msg, BatchFrontendMsg) else [msg]:
-                queue = self.ack_map.get(reply.uid)
-                if queue is not None:  # replies of aborted requests find no queue and are dropped
+                if (queue := self.ack_map.get(reply.uid)) is not None:  # an aborted request's replies are dropped
                     queue.put_nowait(reply)
 
     def _send(self, uid: int, msg: BaseTokenizerMsg) -> None:

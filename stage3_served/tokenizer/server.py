@@ -35,8 +35,7 @@ def _wrap(msgs: list, batch_cls: type) -> Any:
 
 def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addr: str,
                     local_bs: int, tokenizer_id: int = -1, ack_queue: Any = None) -> None:
-    """Pull requests (from the API server) and tokens (from scheduler rank 0) on ``addr``; push token ids to the
-    scheduler and text to the API server. One worker may do both jobs (upstream's shared mode)."""
+    """Pull requests and tokens on ``addr``; push token ids to the scheduler, text to the request's API server."""
     tokenizer = load_tokenizer(tokenizer_path)
     tokenize_manager = TokenizeManager(tokenizer)
     detokenize_manager = DetokenizeManager(tokenizer)

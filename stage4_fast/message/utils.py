@@ -58,10 +58,8 @@ def serialize_type(obj: Any) -> Any:
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return {_TYPE: _TENSOR, "buffer": raw, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
     if _is_message(obj):
-        out: Dict[str, Any] = {_TYPE: type(obj).__name__}
-        for name in _init_fields(type(obj)):
-            out[name] = serialize_type(getattr(obj, name))
-        return out
+        fields = {name: serialize_type(getattr(obj, name)) for name in _init_fields(type(obj))}
+        return {_TYPE: type(obj).__name__, **fields}
     if isinstance(obj, dict):
         items = {k: serialize_type(v) for k, v in obj.items()}
         return {_TYPE: _DICT, "items": items} if _TYPE in obj else items
@@ -122,8 +120,7 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
         cls = cls_map.get(name)
         if cls is None:
             raise TypeError(f"unknown message type {name!r}")
-        kwargs = {k: deserialize_type(cls_map, v) for k, v in data.items() if k != _TYPE}
-        return cls(**kwargs)
+        return cls(**{k: deserialize_type(cls_map, v) for k, v in data.items() if k != _TYPE})
     if isinstance(data, list):
         return data if _is_plain(data) else [deserialize_type(cls_map, v) for v in data]
     return data

@@ -44,9 +44,7 @@ REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": 
 
 
 @dataclass
-class BackendInfo:
-    """What the scheduler reported when it became ready."""
-
+class BackendInfo:  # what the scheduler reported when it became ready
     max_seq_len: int
     num_pages: int
     page_size: int
@@ -155,16 +153,15 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, 
     """``grammar``: the structured output, when not the request's own fields' (``SamplingFields.grammar``)."""
     max_seq_len = app.state.backend.max_seq_len
     _within_context(app, "max_tokens", max_tokens)
-    return SamplingParams(
-        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, ignore_eos=req.ignore_eos,
-        # none given: as many as fit (the scheduler clamps to the context left after the prompt)
-        max_tokens=max_tokens if max_tokens is not None else max_seq_len,
-        seed=req.seed, stop_token_ids=list(req.stop_token_ids or []), skip_special_tokens=req.skip_special_tokens,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty, min_p=req.min_p, logit_bias=req.logit_bias_list(),
-        logprobs=logprobs, echo=echo, min_tokens=req.min_tokens,
-        **(req.grammar() if grammar is None else grammar),  # what xgrammar cannot compile: a 400 from the scheduler
-    )
+    # no max_tokens: as many as fit (the scheduler clamps to the context left after the prompt); a grammar xgrammar
+    # cannot compile is a 400 from the scheduler
+    return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, ignore_eos=req.ignore_eos,
+                          max_tokens=max_tokens if max_tokens is not None else max_seq_len, seed=req.seed,
+                          stop_token_ids=list(req.stop_token_ids or []), skip_special_tokens=req.skip_special_tokens,
+                          presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                          repetition_penalty=req.repetition_penalty, min_p=req.min_p, logit_bias=req.logit_bias_list(),
+                          logprobs=logprobs, echo=echo, min_tokens=req.min_tokens,
+                          **(req.grammar() if grammar is None else grammar))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -174,8 +171,7 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``, or cancel it and raise ClientGone if the client leaves first (Starlette covers streams)."""
-    work_task = asyncio.ensure_future(work)
-    gone_task = asyncio.ensure_future(_wait_disconnect(request))
+    work_task, gone_task = asyncio.ensure_future(work), asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -328,8 +324,7 @@ def _add_status_routes(app: FastAPI) -> None:
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(503))
     async def metrics() -> Response:
         """Prometheus text format; the gauges are the scheduler's stats at this moment."""
-        fm = _frontend(app)
-        scheduler = await _scheduler_stats(fm)
+        scheduler = await _scheduler_stats(_frontend(app))
         return Response(app.state.metrics.render(scheduler), media_type=CONTENT_TYPE_LATEST)
 
 

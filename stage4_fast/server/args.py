@@ -90,9 +90,7 @@ class ServerArgs(SchedulerConfig):
 
     @property
     def distributed_addr(self) -> str:
-        if self.dist_init_addr is not None:
-            return f"tcp://{self.dist_init_addr}"
-        return f"tcp://127.0.0.1:{self.server_port + 1}"
+        return f"tcp://{self.dist_init_addr or f'127.0.0.1:{self.server_port + 1}'}"
 
     @property
     def zmq_scheduler_broadcast_addr(self) -> str:

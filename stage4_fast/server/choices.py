@@ -17,9 +17,7 @@ from .stream import Delta, DeltaStream, generate_deltas
 
 
 def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
-    if params.seed is None:
-        return [params] * n
-    return [replace(params, seed=(params.seed + j) % 2**63) for j in range(n)]
+    return [params] * n if params.seed is None else [replace(params, seed=(params.seed + j) % 2**63) for j in range(n)]
 
 
 def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: SamplingParams, n: int,

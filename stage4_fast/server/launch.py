@@ -46,20 +46,15 @@ class WorkerDied(RuntimeError):
 
 def _die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(0)  # unwinds through finally blocks, which close the sockets
 
 
 def _worker_setup(parent_pid: int, log_level: str, role: str) -> None:
     _die_with_parent(parent_pid)
     setup_worker_process(role)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds through finally blocks, which close the sockets
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")
 
 
@@ -110,13 +105,10 @@ class WorkerSet:
         self.metrics_dir: str | None = None  # the API server processes' Prometheus files (start_api_servers)
         # set once every API server process acked: until then none answers, so a /health answer means all are up
         self.serving = self.ctx.Event()
-        self.link: NodeLink | None = None
         # the node link reports a lost machine through this pipe, which the watchdog waits on
         self._link_reader, self._link_writer = mp.Pipe(duplex=False)
-        if config.nnodes > 1:
-            host, port = config.node_link_addr
-            self.link = NodeLink(config.node_rank, config.nnodes, host, port, config.ranks_per_node,
-                                 join_timeout_s=config.distributed_timeout)
+        self.link = NodeLink(config.node_rank, config.nnodes, *config.node_link_addr, config.ranks_per_node,
+                             join_timeout_s=config.distributed_timeout) if config.nnodes > 1 else None
 
     @property
     def serves(self) -> bool:
@@ -242,10 +234,6 @@ class WorkerSet:
         self._link_writer.close()
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
     """Before any model loads: the HTTP port (bound now, served later) and the TP rendezvous port must be free."""
     try:
@@ -271,7 +259,7 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
     logging.basicConfig(level=config.effective_log_level.upper(), format="[%(asctime)s] %(levelname)s %(message)s")
     if announce is not None:
         print(announce(config), flush=True)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C (KeyboardInterrupt)
     workers = WorkerSet(config)
     exit_code = 0
     try:

@@ -143,13 +143,9 @@ async def _turn(frontend: FrontendManager, history: List[Dict[str, str]], params
     try:
         with _keys_not_echoed():
             await streaming[0]
-    except asyncio.CancelledError:  # Ctrl-C while answering: the request was aborted on the way out
+    except (asyncio.CancelledError, RequestRejected, BackendUnavailable) as e:  # Ctrl-C: the request was aborted
         history.pop()  # the question goes with its cut answer
-        print("\n[stopped]", flush=True)
-        return
-    except (RequestRejected, BackendUnavailable) as e:
-        history.pop()
-        print(f"\n[error] {e}", flush=True)
+        print("\n[stopped]" if isinstance(e, asyncio.CancelledError) else f"\n[error] {e}", flush=True)
         return
     finally:
         streaming.clear()

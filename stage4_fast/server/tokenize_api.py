@@ -37,8 +37,7 @@ def _encode(manager: Any, req: TokenizeRequest) -> List[int]:
 
 def add_tokenize_routes(app: FastAPI, check_model: Any) -> None:
     """``check_model(app, name)``: the chat endpoints' check of the request's ``model``."""
-    app.state.tokenize_manager = None
-    app.state.tokenizer_lock = asyncio.Lock()
+    app.state.tokenize_manager, app.state.tokenizer_lock = None, asyncio.Lock()
 
     @app.post("/tokenize", responses=error_responses(404))
     async def tokenize(req: TokenizeRequest) -> JSONResponse:

@@ -135,8 +135,7 @@ class DetokenizeManager:
 
     def _text_of(self, token_id: int) -> str:
         """A token's own text, as vLLM reports it (a piece of a multi-byte character decodes to U+FFFD)."""
-        text = self._token_text.get(token_id)
-        if text is None:
+        if (text := self._token_text.get(token_id)) is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
 
