@@ -4,13 +4,5 @@
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
 from .tokenizer import BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg
 
-__all__ = [
-    "AbortBackendMsg",
-    "BaseBackendMsg",
-    "BaseTokenizerMsg",
-    "BatchBackendMsg",
-    "BatchTokenizerMsg",
-    "DetokenizeMsg",
-    "ExitMsg",
-    "UserMsg",
-]
+__all__ = ["AbortBackendMsg", "BaseBackendMsg", "BaseTokenizerMsg", "BatchBackendMsg", "BatchTokenizerMsg",
+           "DetokenizeMsg", "ExitMsg", "UserMsg"]

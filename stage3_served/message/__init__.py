@@ -13,22 +13,6 @@ from .tokenizer import (
     TokenizeMsg,
 )
 
-__all__ = [
-    "AbortBackendMsg",
-    "AbortMsg",
-    "BaseBackendMsg",
-    "BaseFrontendMsg",
-    "BaseTokenizerMsg",
-    "BatchBackendMsg",
-    "BatchFrontendMsg",
-    "BatchTokenizerMsg",
-    "DetokenizeMsg",
-    "ExitMsg",
-    "StatsBackendMsg",
-    "StatsMsg",
-    "StatsQueryMsg",
-    "StatsReply",
-    "TokenizeMsg",
-    "UserMsg",
-    "UserReply",
-]
+__all__ = ["AbortBackendMsg", "AbortMsg", "BaseBackendMsg", "BaseFrontendMsg", "BaseTokenizerMsg", "BatchBackendMsg",
+           "BatchFrontendMsg", "BatchTokenizerMsg", "DetokenizeMsg", "ExitMsg", "StatsBackendMsg", "StatsMsg",
+           "StatsQueryMsg", "StatsReply", "TokenizeMsg", "UserMsg", "UserReply"]

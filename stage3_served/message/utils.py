@@ -62,8 +62,7 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
         cls = cls_map.get(name)
         if cls is None:
             raise TypeError(f"unknown message type {name!r}")
-        kwargs = {k: deserialize_type(cls_map, v) for k, v in data.items() if k != _TYPE}
-        return cls(**kwargs)
+        return cls(**{k: deserialize_type(cls_map, v) for k, v in data.items() if k != _TYPE})
     if isinstance(data, list):
         return [deserialize_type(cls_map, v) for v in data]
     return data

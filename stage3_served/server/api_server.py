@@ -38,9 +38,7 @@ REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": 
 
 
 @dataclass
-class BackendInfo:
-    """What the scheduler reported when it became ready."""
-
+class BackendInfo:  # what the scheduler reported when it became ready
     max_seq_len: int
     num_pages: int
     page_size: int
@@ -65,12 +63,12 @@ def create_app(config: ServerArgs, backend: BackendInfo) -> FastAPI:
     app = FastAPI(title="mini-sglang stage3_served", lifespan=lifespan)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_request_bytes=config.max_request_bytes,
                        metrics=metrics)
-    app.state.metrics = metrics
-    app.state.config = config
-    app.state.backend = backend
+    app.state.metrics, app.state.config, app.state.backend = metrics, config, backend
     app.state.created = int(time.time())
     _install_error_handlers(app)
-    _add_routes(app)
+    _add_status_routes(app)
+    _add_completion_routes(app)
+    _add_chat_routes(app)
     install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
                     api_key=config.api_key is not None)
     return app
@@ -106,10 +104,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code,
-                                                                                            "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         # a 405 carries Starlette's Allow header (RFC 9110)
-        return _error_response(APIError(exc.status_code, str(exc.detail), code, headers=exc.headers))
+        return _error_response(APIError(exc.status_code, str(exc.detail), code or "http_error", headers=exc.headers))
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -157,8 +154,7 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``, or cancel it and raise ClientGone if the client leaves first (Starlette covers streams)."""
-    work_task = asyncio.ensure_future(work)
-    gone_task = asyncio.ensure_future(_wait_disconnect(request))
+    work_task, gone_task = asyncio.ensure_future(work), asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -238,12 +234,6 @@ async def _sse_stream(first: Delta, deltas: AsyncIterator[Delta], make_chunk, us
 
 def _stream_response(body: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _add_routes(app: FastAPI) -> None:
-    _add_status_routes(app)
-    _add_completion_routes(app)
-    _add_chat_routes(app)
 
 
 def _frontend(app: FastAPI) -> FrontendManager:

@@ -10,7 +10,7 @@ import argparse
 import difflib
 import os
 import sys
-from typing import List, NoReturn
+from typing import Any, Callable, List, NoReturn
 
 import torch
 
@@ -26,11 +26,9 @@ LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
 # flags of upstream, vLLM or SGLang that this server does not offer, and why (looked up for unknown flags only)
 UNSUPPORTED_FLAGS = {
-    "--disable-pynccl": "this engine has no PyNCCL; all-reduce always goes through torch.distributed, as the flag "
-                        "asks, so leave it out",
+    "--disable-pynccl": "this engine has no PyNCCL: all-reduce goes through torch.distributed, as the flag asks",
     "--model-source": "models come from a local directory or the Hugging Face hub",
-    "--tokenizer": "the tokenizer is read from the model directory",
-    "--tokenizer-path": "the tokenizer is read from the model directory",
+    **dict.fromkeys(["--tokenizer", "--tokenizer-path"], "the tokenizer is read from the model directory"),
     "--chat-template": "the model's own chat template is used",
     "--quantization": "quantized weights are not supported; weights load in --dtype",
     "--revision": "pass a local model directory (or a hub id at its default revision)",
@@ -82,40 +80,25 @@ class ServerArgumentParser(argparse.ArgumentParser):
         return f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else " (--help lists the flags)")
 
 
-def _number(text: str, kind: type = int) -> float:
-    try:
-        return kind(text)
-    except ValueError:
-        expected = "an integer" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+def _checked(kind: type, ok: Callable[[Any], bool], problem: str) -> Callable[[str], Any]:
+    """An argparse ``type``: ``text`` as ``kind``, refused with ``problem`` (``{}``: the value) unless ``ok``."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            expected = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(problem.format(value))
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    value = _number(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return int(value)
-
-
-def _non_negative_int(text: str) -> int:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return int(value)
-
-
-def _port(text: str) -> int:
-    value = _number(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is 1..65535, got {value}")
-    return int(value)
-
-
-def _fraction(text: str) -> float:
-    value = _number(text, float)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+_positive_int = _checked(int, lambda v: v >= 1, "must be >= 1, got {}")
+_non_negative_int = _checked(int, lambda v: v >= 0, "must be >= 0, got {}")
+_port = _checked(int, lambda v: 1 <= v <= 65535, "a TCP port is 1..65535, got {}")
+_fraction = _checked(float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1], got {}")
 
 
 def _attention_backend(text: str) -> str:
@@ -140,8 +123,7 @@ def _add_model_args(p: ServerArgumentParser) -> None:
     g.add_argument("--model-path", "--model", dest="model_path", default=None, metavar="PATH",
                    help="local model directory or hub id (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="the model id of /v1/models and requests (default: the model directory's name; the path "
-                        "given to --model is accepted too)")
+                   help="the model id of /v1/models (default: the directory's name; --model's path works too)")
     g.add_argument("--dtype", default="auto", choices=list(DTYPES),
                    help="weights and activations; auto = the dtype in the model's config.json (float32 if none)")
     g.add_argument("--dummy-weight", dest="use_dummy_weight", action="store_true",
@@ -149,8 +131,7 @@ def _add_model_args(p: ServerArgumentParser) -> None:
     g.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
                    help="vLLM/SGLang spelling: dummy = --dummy-weight")
     g.add_argument("--trust-remote-code", action="store_true",
-                   help="accepted for vLLM/SGLang command lines; has no effect: only this engine's own model code "
-                        "ever runs")
+                   help="accepted for vLLM/SGLang command lines; no effect: only this engine's model code runs")
 
 
 def _add_parallel_args(p: ServerArgumentParser) -> None:
@@ -159,8 +140,7 @@ def _add_parallel_args(p: ServerArgumentParser) -> None:
                    metavar="N", help="1 only: tensor parallelism arrives with stage4_fast")
     g.add_argument("--memory-ratio", "--mem-fraction-static", "--gpu-memory-utilization", dest="memory_ratio",
                    type=_fraction, default=0.9, metavar="RATIO",
-                   help="share of the GPU memory left free after loading the weights that the KV cache takes "
-                        "(vLLM/SGLang count the weights in; on CPU the KV cache is a fixed size)")
+                   help="share of the GPU memory free after the weights that the KV cache takes (vLLM's: of all)")
     g.add_argument("--num-pages", dest="num_page_override", type=_positive_int, default=None, metavar="N",
                    help="KV cache pages (overrides --memory-ratio)")
     g.add_argument("--page-size", "--block-size", dest="page_size", type=_positive_int, default=1, metavar="TOKENS",
@@ -195,15 +175,13 @@ def _add_http_args(p: ServerArgumentParser, run_shell: bool) -> None:
     g.add_argument("--host", dest="server_host", default="127.0.0.1", metavar="ADDR", help="address to listen on")
     g.add_argument("--port", dest="server_port", type=_port, default=1919, metavar="PORT", help="HTTP port")
     g.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY") or None, metavar="KEY",
-                   help="require 'Authorization: Bearer <key>' on every endpoint but /health "
-                        "(default: $MINISGL_API_KEY; unset = no auth)")
+                   help="require 'Authorization: Bearer <key>' but on /health (default: $MINISGL_API_KEY)")
     g.add_argument("--max-request-bytes", type=_positive_int, default=1 << 20, metavar="BYTES",
                    help="larger request bodies get 413")
     g.add_argument("--max-queued-requests", type=_positive_int, default=1024, metavar="N",
                    help="requests waiting beyond --max-running-requests; more get 503 + Retry-After")
     g.add_argument("--timeout-keep-alive", type=_positive_int, default=60, metavar="S",
-                   help="close a keep-alive connection idle for S seconds (uvicorn's flag; its default, 5, is the "
-                        "clients' own, which lets a request race the close)")
+                   help="close a keep-alive connection idle for S seconds (longer than the clients' own)")
     g.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="of every process, uvicorn's included")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")

@@ -8,16 +8,8 @@ import logging
 import time
 from typing import Any, AsyncIterator, Dict, List
 
-from ..message import (
-    AbortMsg,
-    BaseFrontendMsg,
-    BaseTokenizerMsg,
-    BatchFrontendMsg,
-    StatsQueryMsg,
-    StatsReply,
-    TokenizeMsg,
-    UserReply,
-)
+from ..message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
+from ..message.tokenizer import AbortMsg, BaseTokenizerMsg, StatsQueryMsg, TokenizeMsg
 from ..utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 from .args import ServerArgs
 from .metrics import ServerMetrics
@@ -48,11 +40,9 @@ class FrontendManager:
         self.num_requests = 0
         self.submit_time: Dict[int, float] = {}
         self.send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]] = [
-            ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs
-        ]
+            ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs]
         self.recv_tokenizer: ZmqAsyncPullQueue[BaseFrontendMsg] = ZmqAsyncPullQueue(
-            config.zmq_frontend_addr, True, BaseFrontendMsg.decoder
-        )
+            config.zmq_frontend_addr, True, BaseFrontendMsg.decoder)
         self.uid_counter = itertools.count()
         # uid -> its replies; None in a queue means "the backend is gone"
         self.ack_map: Dict[int, asyncio.Queue[UserReply | StatsReply | None]] = {}
@@ -63,14 +53,11 @@ class FrontendManager:
         while True:
             try:
                 msg = await self.recv_tokenizer.get()
-            except asyncio.CancelledError:
-                raise
             except Exception:  # one undecodable message must not stop every later reply
                 logger.exception("frontend: dropping a message it cannot decode")
                 continue
             for reply in msg.data if isinstance(msg, BatchFrontendMsg) else [msg]:
-                queue = self.ack_map.get(reply.uid)
-                if queue is not None:  # replies of aborted requests find no queue and are dropped
+                if (queue := self.ack_map.get(reply.uid)) is not None:  # an aborted request's replies are dropped
                     queue.put_nowait(reply)
 
     def _send(self, uid: int, msg: BaseTokenizerMsg) -> None:

@@ -34,10 +34,8 @@ def _error(status: int, message: str, code: str, type: str = "invalid_request_er
 
 class GuardMiddleware:
     def __init__(self, app: ASGIApp, api_key: str | None, max_request_bytes: int, metrics: ServerMetrics) -> None:
-        self.app = app
+        self.app, self.max_request_bytes, self.metrics = app, max_request_bytes, metrics
         self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.max_request_bytes = max_request_bytes
-        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
                        send: Callable[[Message], Awaitable[None]]) -> None:

@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any, Callable, List
 
@@ -43,20 +44,15 @@ class WorkerDied(RuntimeError):
 
 def _die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(0)  # unwinds through finally blocks, which close the sockets
 
 
 def _worker_setup(parent_pid: int, log_level: str, role: str) -> None:
     _die_with_parent(parent_pid)
     setup_worker_process(role)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds through finally blocks, which close the sockets
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")
 
 
@@ -179,15 +175,9 @@ class WorkerSet:
                 proc.kill()
                 proc.join()
         for path in self.config.ipc_paths:
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
         self.ack_queue.close()
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
@@ -208,7 +198,7 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
     logging.basicConfig(level=config.effective_log_level.upper(), format="[%(asctime)s] %(levelname)s %(message)s")
     if announce is not None:
         print(announce(config), flush=True)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C (KeyboardInterrupt)
     workers = WorkerSet(config)
     exit_code = 0
     try:
@@ -238,8 +228,7 @@ def run_api_server(config: ServerArgs, info: dict, workers: WorkerSet, listener:
 
     from .api_server import BackendInfo, create_app
 
-    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
-                          vocab_size=info["vocab_size"])
+    backend = BackendInfo(**{k: info[k] for k in ("max_seq_len", "num_pages", "page_size", "vocab_size")})
     app = create_app(config, backend)
 
     def end_requests(reason: str) -> None:

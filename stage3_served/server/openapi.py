@@ -6,7 +6,7 @@ Each operation lists the statuses it answers with OpenAI's error body (its own a
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -27,13 +27,10 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-_DESCRIPTIONS = {
-    400: "invalid request: a value, an unsupported or unknown field, a prompt the model cannot take",
-    401: "missing or wrong API key",
-    404: "unknown model",
-    413: "request body larger than --max-request-bytes",
-    503: "overloaded (with Retry-After), stopping, or a worker died",
-}
+_DESCRIPTIONS = {400: "invalid request: a value, an unsupported or unknown field, a prompt the model cannot take",
+                 401: "missing or wrong API key", 404: "unknown model",
+                 413: "request body larger than --max-request-bytes",
+                 503: "overloaded (with Retry-After), stopping, or a worker died"}
 # one server-sent event: `data:` carries a JSON chunk, the last one `[DONE]`
 SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}},
                                         "required": ["data"]}}}
@@ -41,27 +38,18 @@ SSE = {"text/event-stream": {"schema": {"type": "object", "properties": {"data":
 
 def error_responses(*statuses: int, streams: bool = False) -> Dict[int | str, Dict[str, Any]]:
     """A route's own error statuses (and its event-stream 200) for FastAPI's ``responses=``."""
-    responses: Dict[int | str, Dict[str, Any]] = {
-        status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]} for status in statuses
-    }
+    responses: Dict[int | str, Dict[str, Any]] = {status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]}
+                                                  for status in statuses}
     if streams:
         responses[200] = {"content": SSE, "description": "JSON, or with `\"stream\": true` server-sent events"}
     return responses
 
 
-def _operations(doc: Dict[str, Any]) -> Iterator[tuple[str, Dict[str, Any]]]:
-    for path, item in doc.get("paths", {}).items():
-        for operation in item.values():
-            yield path, operation
-
-
 def _fill_bounds(node: Any, bounds: Dict[str, int]) -> None:
     """Replace each `x-bound` marker (protocol/common.py) with the maximum it stands for on its integer."""
-    if isinstance(node, list):
-        for item in node:
-            _fill_bounds(item, bounds)
-        return
     if not isinstance(node, dict):
+        for item in node if isinstance(node, list) else ():
+            _fill_bounds(item, bounds)
         return
     if (kind := node.pop(BOUND_KEY, None)) is not None:
         for target in [node, *node.get("anyOf", [])]:
@@ -79,7 +67,7 @@ def install_openapi(app: FastAPI, *, context_length: int, vocab_size: int, api_k
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
         error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
-        for path, operation in _operations(doc):
+        for path, operation in ((p, op) for p, item in doc.get("paths", {}).items() for op in item.values()):
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)  # never sent: validation errors are 400
             shared = [400, 413] + ([401] if api_key and path not in OPEN_PATHS else [])

@@ -95,10 +95,8 @@ async def _shell(config: ServerArgs, info: dict, workers: WorkerSet) -> int:
 
     def end_prompt() -> None:
         if ctrl_c.is_set() and session.app.is_running:
-            try:
+            with contextlib.suppress(Exception):  # the prompt is already returning a line: the loop sees the flag next
                 session.app.exit(exception=KeyboardInterrupt())
-            except Exception:  # the prompt is already returning a line: the loop sees the flag next
-                pass
 
     def on_sigint() -> None:
         if streaming:  # (an answer that has just ended swallows it: a late Ctrl-C does not quit the shell)
@@ -145,13 +143,9 @@ async def _turn(frontend: FrontendManager, history: List[Dict[str, str]], params
     try:
         with _keys_not_echoed():
             await streaming[0]
-    except asyncio.CancelledError:  # Ctrl-C while answering: the request was aborted on the way out
+    except (asyncio.CancelledError, RequestRejected, BackendUnavailable) as e:  # Ctrl-C: the request was aborted
         history.pop()  # the question goes with its cut answer
-        print("\n[stopped]", flush=True)
-        return
-    except (RequestRejected, BackendUnavailable) as e:
-        history.pop()
-        print(f"\n[error] {e}", flush=True)
+        print("\n[stopped]" if isinstance(e, asyncio.CancelledError) else f"\n[error] {e}", flush=True)
         return
     finally:
         streaming.clear()

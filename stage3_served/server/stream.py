@@ -65,12 +65,9 @@ async def generate_deltas(
             if reply.error:
                 raise RequestRejected(reply.error)
             text, hit = matcher.feed(reply.incremental_output)
-            finish: str | None = None
-            if hit:
-                finish = "stop"
-            elif reply.finished:
+            if reply.finished and not hit:
                 text += matcher.flush()
-                finish = reply.finish_reason or "stop"
+            finish = "stop" if hit else (reply.finish_reason or "stop") if reply.finished else None
             yield Delta(text, finish, reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
             if finish is not None:
                 return

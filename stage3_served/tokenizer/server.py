@@ -6,23 +6,16 @@ import logging
 from typing import Any, List
 
 from ..message import (
-    AbortBackendMsg,
     AbortMsg,
-    BaseBackendMsg,
-    BaseFrontendMsg,
     BaseTokenizerMsg,
-    BatchBackendMsg,
-    BatchFrontendMsg,
     BatchTokenizerMsg,
     DetokenizeMsg,
-    StatsBackendMsg,
     StatsMsg,
     StatsQueryMsg,
-    StatsReply,
     TokenizeMsg,
-    UserMsg,
-    UserReply,
 )
+from ..message.backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, StatsBackendMsg, UserMsg
+from ..message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
 from ..utils.hf import load_tokenizer
 from ..utils.mp import ZmqPullQueue, ZmqPushQueue
 from .detokenize import DetokenizeManager
@@ -40,19 +33,9 @@ def _wrap(msgs: list, batch_cls: type) -> Any:
     return msgs[0] if len(msgs) == 1 else batch_cls(msgs)
 
 
-def tokenize_worker(
-    *,
-    tokenizer_path: str,
-    addr: str,
-    create: bool,
-    backend_addr: str,
-    frontend_addr: str,
-    local_bs: int,
-    tokenizer_id: int = -1,
-    ack_queue: Any = None,
-) -> None:
-    """Pull requests (from the API server) and tokens (from scheduler rank 0) on ``addr``; push token ids to the
-    scheduler and text to the API server. One worker may do both jobs (upstream's shared mode)."""
+def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addr: str,
+                    local_bs: int, tokenizer_id: int = -1, ack_queue: Any = None) -> None:
+    """Pull requests and tokens on ``addr``; push token ids to the scheduler, text to the request's API server."""
     tokenizer = load_tokenizer(tokenizer_path)
     tokenize_manager = TokenizeManager(tokenizer)
     detokenize_manager = DetokenizeManager(tokenizer)
@@ -76,9 +59,8 @@ def tokenize_worker(
             queue.stop()
 
 
-def _handle(
-    msgs: List[BaseTokenizerMsg], tokenize_manager: TokenizeManager, detokenize_manager: DetokenizeManager
-) -> tuple[list[BaseFrontendMsg], list[BaseBackendMsg]]:
+def _handle(msgs: List[BaseTokenizerMsg], tokenize_manager: TokenizeManager,
+            detokenize_manager: DetokenizeManager) -> tuple[list[BaseFrontendMsg], list[BaseBackendMsg]]:
     to_frontend: list[BaseFrontendMsg] = []
     to_backend: list[BaseBackendMsg] = []
     detok = [m for m in msgs if isinstance(m, DetokenizeMsg)]

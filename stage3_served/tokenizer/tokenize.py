@@ -7,15 +7,10 @@ from typing import Dict, List
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..message import TokenizeMsg
-
 
 class TokenizeManager:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-
-    def tokenize(self, msgs: List[TokenizeMsg]) -> List[torch.Tensor]:
-        return [self.tokenize_one(msg.text) for msg in msgs]
 
     def tokenize_one(self, text: str | List[Dict[str, str]] | List[int]) -> torch.Tensor:
         """Host 1-D int32 ids; ValueError for input that cannot become a prompt."""

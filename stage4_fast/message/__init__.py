@@ -16,26 +16,7 @@ from .tokenizer import (
     expand_columns,
 )
 
-__all__ = [
-    "AbortBackendMsg",
-    "AbortMsg",
-    "BaseBackendMsg",
-    "BaseFrontendMsg",
-    "BaseTokenizerMsg",
-    "BatchBackendMsg",
-    "BatchFrontendMsg",
-    "BatchTokenizerMsg",
-    "DetokenizeMsg",
-    "ExitMsg",
-    "StatsBackendMsg",
-    "StatsMsg",
-    "StatsQueryMsg",
-    "StatsReply",
-    "TextLogprobs",
-    "TokenColumnsMsg",
-    "TokenLogprobs",
-    "TokenizeMsg",
-    "UserMsg",
-    "UserReply",
-    "expand_columns",
-]
+__all__ = ["AbortBackendMsg", "AbortMsg", "BaseBackendMsg", "BaseFrontendMsg", "BaseTokenizerMsg", "BatchBackendMsg",
+           "BatchFrontendMsg", "BatchTokenizerMsg", "DetokenizeMsg", "ExitMsg", "StatsBackendMsg", "StatsMsg",
+           "StatsQueryMsg", "StatsReply", "TextLogprobs", "TokenColumnsMsg", "TokenLogprobs", "TokenizeMsg", "UserMsg",
+           "UserReply", "expand_columns"]

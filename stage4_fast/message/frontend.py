@@ -37,19 +37,12 @@ class UserReply(BaseFrontendMsg):
     prompt_text: str | None = None
 
     def followed_by(self, later: UserReply) -> UserReply:
-        return UserReply(
-            uid=self.uid,
-            incremental_output=self.incremental_output + later.incremental_output,
-            finished=later.finished,
-            finish_reason=later.finish_reason,
-            prompt_tokens=later.prompt_tokens or self.prompt_tokens,
-            completion_tokens=later.completion_tokens,
-            cached_tokens=later.cached_tokens or self.cached_tokens,
-            error=later.error,
-            logprobs=_joined(self.logprobs, later.logprobs),
-            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,  # (only a first reply has them)
-            prompt_text=self.prompt_text if self.prompt_text is not None else later.prompt_text,
-        )
+        # (only a first reply has prompt logprobs and text)
+        return UserReply(self.uid, self.incremental_output + later.incremental_output, later.finished,
+                         later.finish_reason, later.prompt_tokens or self.prompt_tokens, later.completion_tokens,
+                         later.cached_tokens or self.cached_tokens, later.error, _joined(self.logprobs, later.logprobs),
+                         self.prompt_logprobs or later.prompt_logprobs,
+                         self.prompt_text if self.prompt_text is not None else later.prompt_text)
 
 
 def _joined(first: TextLogprobs | None, second: TextLogprobs | None) -> TextLogprobs | None:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import List
 
 
+class _Run:
+    def extend(self, other: _Run) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            getattr(self, f.name).extend(getattr(other, f.name))
+
+
 @dataclass
-class TokenLogprobs:
+class TokenLogprobs(_Run):
     """Tokens with their logprobs and the most likely tokens' (scheduler -> detokenizer); an echoed prompt's first
     token has logprob None (nothing predicts it)."""
 
@@ -16,24 +23,12 @@ class TokenLogprobs:
     top_ids: List[List[int]] = field(default_factory=list)  # most likely first
     top_logprobs: List[List[float]] = field(default_factory=list)
 
-    def extend(self, other: TokenLogprobs) -> None:
-        self.token_ids += other.token_ids
-        self.logprobs += other.logprobs
-        self.top_ids += other.top_ids
-        self.top_logprobs += other.top_logprobs
-
 
 @dataclass
-class TextLogprobs:
+class TextLogprobs(_Run):
     """The same run with every token as text (detokenizer -> API server)."""
 
     tokens: List[str] = field(default_factory=list)
     logprobs: List[float | None] = field(default_factory=list)
     top_tokens: List[List[str]] = field(default_factory=list)
     top_logprobs: List[List[float]] = field(default_factory=list)
-
-    def extend(self, other: TextLogprobs) -> None:
-        self.tokens += other.tokens
-        self.logprobs += other.logprobs
-        self.top_tokens += other.top_tokens
-        self.top_logprobs += other.top_logprobs

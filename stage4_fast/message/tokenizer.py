@@ -57,13 +57,7 @@ def expand_columns(msgs: List[BaseTokenizerMsg]) -> List[BaseTokenizerMsg]:
     """``msgs`` with every ``TokenColumnsMsg`` replaced by its rows, in their place."""
     if not any(isinstance(m, TokenColumnsMsg) for m in msgs):
         return msgs
-    out: List[BaseTokenizerMsg] = []
-    for m in msgs:
-        if isinstance(m, TokenColumnsMsg):
-            out.extend(m.rows())
-        else:
-            out.append(m)
-    return out
+    return [row for m in msgs for row in (m.rows() if isinstance(m, TokenColumnsMsg) else [m])]
 
 
 @dataclass

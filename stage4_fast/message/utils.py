@@ -11,6 +11,7 @@ A list of messages of one class travels as columns (``"__columns__"``: one list 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from typing import Any, Callable, ClassVar, Dict, Mapping, Tuple
 
@@ -21,27 +22,19 @@ _COLUMNS = "__columns__"
 _TYPE = "__type__"
 _DICT = "__dict__"  # a plain dict that has a "__type__" key of its own (its keys are data, e.g. a client's)
 _PLAIN = (bool, int, float, str, bytes, type(None))
-_INIT_FIELDS: Dict[type, Tuple[str, ...]] = {}
-_GETTERS: Dict[type, Callable[[Any], tuple]] = {}
 
 
+@functools.cache
 def _init_fields(cls: type) -> Tuple[str, ...]:
-    names = _INIT_FIELDS.get(cls)
-    if names is None:
-        names = _INIT_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
-    return names
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
+@functools.cache
 def _getter(cls: type) -> Callable[[Any], tuple]:
-    getter = _GETTERS.get(cls)
-    if getter is None:
-        names = _init_fields(cls)
-        if len(names) > 1:
-            getter = operator.attrgetter(*names)
-        else:  # attrgetter of one name returns the value, not a 1-tuple, and of none is an error
-            getter = lambda v: tuple(getattr(v, name) for name in names)  # noqa: E731
-        _GETTERS[cls] = getter
-    return getter
+    names = _init_fields(cls)
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    return lambda v: tuple(getattr(v, name) for name in names)  # attrgetter of one name gives no tuple, of none fails
 
 
 def _is_message(obj: Any) -> bool:
@@ -65,10 +58,8 @@ def serialize_type(obj: Any) -> Any:
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return {_TYPE: _TENSOR, "buffer": raw, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
     if _is_message(obj):
-        out: Dict[str, Any] = {_TYPE: type(obj).__name__}
-        for name in _init_fields(type(obj)):
-            out[name] = serialize_type(getattr(obj, name))
-        return out
+        fields = {name: serialize_type(getattr(obj, name)) for name in _init_fields(type(obj))}
+        return {_TYPE: type(obj).__name__, **fields}
     if isinstance(obj, dict):
         items = {k: serialize_type(v) for k, v in obj.items()}
         return {_TYPE: _DICT, "items": items} if _TYPE in obj else items
@@ -129,8 +120,7 @@ def deserialize_type(cls_map: Mapping[str, type], data: Any) -> Any:
         cls = cls_map.get(name)
         if cls is None:
             raise TypeError(f"unknown message type {name!r}")
-        kwargs = {k: deserialize_type(cls_map, v) for k, v in data.items() if k != _TYPE}
-        return cls(**kwargs)
+        return cls(**{k: deserialize_type(cls_map, v) for k, v in data.items() if k != _TYPE})
     if isinstance(data, list):
         return data if _is_plain(data) else [deserialize_type(cls_map, v) for v in data]
     return data

@@ -44,9 +44,7 @@ REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": 
 
 
 @dataclass
-class BackendInfo:
-    """What the scheduler reported when it became ready."""
-
+class BackendInfo:  # what the scheduler reported when it became ready
     max_seq_len: int
     num_pages: int
     page_size: int
@@ -75,12 +73,12 @@ def create_app(config: ServerArgs, backend: BackendInfo, api_index: int = 0, cre
     app = FastAPI(title="mini-sglang stage4_fast", lifespan=lifespan)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_request_bytes=config.max_request_bytes,
                        metrics=metrics)
-    app.state.metrics = metrics
-    app.state.config = config
-    app.state.backend = backend
+    app.state.metrics, app.state.config, app.state.backend = metrics, config, backend
     app.state.created = int(time.time()) if created is None else created
     _install_error_handlers(app)
-    _add_routes(app)
+    _add_status_routes(app)
+    _add_completion_routes(app)
+    _add_chat_routes(app)
     add_tokenize_routes(app, _check_model)
     install_openapi(app, context_length=backend.max_seq_len, vocab_size=backend.vocab_size,
                     api_key=config.api_key is not None)
@@ -118,10 +116,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code,
-                                                                                            "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         # a 405 carries Starlette's Allow header (RFC 9110)
-        return _error_response(APIError(exc.status_code, str(exc.detail), code, headers=exc.headers))
+        return _error_response(APIError(exc.status_code, str(exc.detail), code or "http_error", headers=exc.headers))
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone) -> Response:
@@ -156,16 +153,15 @@ def _sampling_params(app: FastAPI, req: SamplingFields, max_tokens: int | None, 
     """``grammar``: the structured output, when not the request's own fields' (``SamplingFields.grammar``)."""
     max_seq_len = app.state.backend.max_seq_len
     _within_context(app, "max_tokens", max_tokens)
-    return SamplingParams(
-        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, ignore_eos=req.ignore_eos,
-        # none given: as many as fit (the scheduler clamps to the context left after the prompt)
-        max_tokens=max_tokens if max_tokens is not None else max_seq_len,
-        seed=req.seed, stop_token_ids=list(req.stop_token_ids or []), skip_special_tokens=req.skip_special_tokens,
-        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty, min_p=req.min_p, logit_bias=req.logit_bias_list(),
-        logprobs=logprobs, echo=echo, min_tokens=req.min_tokens,
-        **(req.grammar() if grammar is None else grammar),  # what xgrammar cannot compile: a 400 from the scheduler
-    )
+    # no max_tokens: as many as fit (the scheduler clamps to the context left after the prompt); a grammar xgrammar
+    # cannot compile is a 400 from the scheduler
+    return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, ignore_eos=req.ignore_eos,
+                          max_tokens=max_tokens if max_tokens is not None else max_seq_len, seed=req.seed,
+                          stop_token_ids=list(req.stop_token_ids or []), skip_special_tokens=req.skip_special_tokens,
+                          presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                          repetition_penalty=req.repetition_penalty, min_p=req.min_p, logit_bias=req.logit_bias_list(),
+                          logprobs=logprobs, echo=echo, min_tokens=req.min_tokens,
+                          **(req.grammar() if grammar is None else grammar))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -175,8 +171,7 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``, or cancel it and raise ClientGone if the client leaves first (Starlette covers streams)."""
-    work_task = asyncio.ensure_future(work)
-    gone_task = asyncio.ensure_future(_wait_disconnect(request))
+    work_task, gone_task = asyncio.ensure_future(work), asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -215,11 +210,8 @@ async def _start(request: Request, streams: Sequence[AsyncIterator[Delta]]) -> L
 
 async def _collect(request: Request, firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
     """Every choice's whole output (text and logprobs joined), in choice order."""
-    async def run() -> List[Delta]:
-        return list(await asyncio.gather(*(collect_choice(f, s) for f, s in zip(firsts, streams))))
-
     try:
-        return await _unless_disconnected(request, run())
+        return list(await _unless_disconnected(request, asyncio.gather(*map(collect_choice, firsts, streams))))
     except (RequestRejected, BackendUnavailable, QueueFull) as e:
         raise _backend_error(e) from None
     finally:
@@ -229,10 +221,6 @@ async def _collect(request: Request, firsts: Sequence[Delta], streams: Sequence[
 def _sse(obj: Any) -> bytes:
     # orjson, as a chunk is encoded per token per stream: UTF-8 as json.dumps(ensure_ascii=False), NaN becomes null
     return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def _shows(d: Delta) -> bool:
-    return bool(d.text) or d.finish_reason is not None or d.logprobs is not None or d.prompt_logprobs is not None
 
 
 async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]],
@@ -246,13 +234,11 @@ async def _sse_stream(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[D
             yield _sse(head)
         async with aclosing(merged_deltas(firsts, streams)) as merged:
             async for index, d in merged:
-                if isinstance(d, (RequestRejected, BackendUnavailable)):
-                    yield _sse(_backend_error(d).body())
-                    break
                 if isinstance(d, Exception):
-                    yield _sse(_unavailable(f"the request failed: {d!r}").body())
+                    known = isinstance(d, (RequestRejected, BackendUnavailable))
+                    yield _sse((_backend_error(d) if known else _unavailable(f"the request failed: {d!r}")).body())
                     break
-                if _shows(d):
+                if d.text or d.finish_reason is not None or d.logprobs is not None or d.prompt_logprobs is not None:
                     yield _sse(make_chunk(index, d))
                 if d.finish_reason is not None:
                     finals[index] = d
@@ -278,12 +264,6 @@ def _with_usage_so_far(chunk: Callable[[int, Delta | None], Dict[str, Any]],
 
 def _stream_response(body: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _add_routes(app: FastAPI) -> None:
-    _add_status_routes(app)
-    _add_completion_routes(app)
-    _add_chat_routes(app)
 
 
 def _frontend(app: FastAPI) -> FrontendManager:
@@ -344,8 +324,7 @@ def _add_status_routes(app: FastAPI) -> None:
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(503))
     async def metrics() -> Response:
         """Prometheus text format; the gauges are the scheduler's stats at this moment."""
-        fm = _frontend(app)
-        scheduler = await _scheduler_stats(fm)
+        scheduler = await _scheduler_stats(_frontend(app))
         return Response(app.state.metrics.render(scheduler), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -366,9 +345,7 @@ def _add_completion_routes(app: FastAPI) -> None:
                 prompt = prompts[index // req.n]
                 text = (prompt if isinstance(prompt, str) else d.prompt_text or "") + text
                 prompt_logprobs = d.prompt_logprobs
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs = logprob_builders[index].format(prompt_logprobs, d.logprobs)
+            logprobs = None if req.logprobs is None else logprob_builders[index].format(prompt_logprobs, d.logprobs)
             return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": d.finish_reason}
 
         def chunk(index: int, d: Delta) -> Dict[str, Any]:
@@ -435,11 +412,8 @@ def _add_chat_routes(app: FastAPI) -> None:
                     reasoning, text = stream.feed(text, final=finish is not None)
                 if reader is not None:
                     text, calls, finish = reader.piece(index, text, finish)
-                delta: Dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
-                if text:
-                    delta["content"] = text
-                if calls:
-                    delta["tool_calls"] = calls
+                parts = (("reasoning_content", reasoning), ("content", text), ("tool_calls", calls))
+                delta = {name: value for name, value in parts if value}
                 piece = {"index": index, "delta": delta, "logprobs": logprobs(d), "finish_reason": finish}
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [piece]}
@@ -463,8 +437,6 @@ async def _respond(request: Request, req: SamplingFields, streams: List[AsyncIte
         heads = [chunk(i, None) for i in range(len(streams))] if chat else []
         return _stream_response(_sse_stream(firsts, streams, chunk, usage_chunk if with_usage else None, heads))
     finals = await _collect(request, firsts, streams)
-    return JSONResponse({
-        "id": rid, "object": obj, "created": created, "model": model,
-        "choices": [choice(i, d) for i, d in enumerate(finals)],
-        "usage": usage_dict(*totals(finals, req.n)),
-    })
+    return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
+                         "choices": [choice(i, d) for i, d in enumerate(finals)],
+                         "usage": usage_dict(*totals(finals, req.n))})

@@ -90,9 +90,7 @@ class ServerArgs(SchedulerConfig):
 
     @property
     def distributed_addr(self) -> str:
-        if self.dist_init_addr is not None:
-            return f"tcp://{self.dist_init_addr}"
-        return f"tcp://127.0.0.1:{self.server_port + 1}"
+        return f"tcp://{self.dist_init_addr or f'127.0.0.1:{self.server_port + 1}'}"
 
     @property
     def zmq_scheduler_broadcast_addr(self) -> str:
@@ -142,14 +140,6 @@ def _multi_node_problem(tp: int, nnodes: int, node_rank: int, dist_init_addr: st
     return None
 
 
-def _api_servers_problem(shell: bool) -> str | None:
-    if shell:
-        return "the shell serves no HTTP"
-    if not sys.platform.startswith("linux"):  # the kernel spreads the connections over the processes' sockets
-        return "several API server processes need Linux (SO_REUSEPORT)"
-    return None
-
-
 def _resolve_dtype(model_path: str, name: str) -> torch.dtype:
     if DTYPES[name] is not None:
         return DTYPES[name]
@@ -186,7 +176,9 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     except StartupError as e:
         parser.error(str(e))
     shell = kwargs.pop("shell")
-    if kwargs["api_server_count"] > 1 and (why := _api_servers_problem(shell)):
+    # several: the kernel spreads the connections over the processes' sockets (Linux's SO_REUSEPORT)
+    if kwargs["api_server_count"] > 1 and (shell or not sys.platform.startswith("linux")):
+        why = "the shell serves no HTTP" if shell else "several API server processes need Linux (SO_REUSEPORT)"
         parser.error(f"--api-server-count {kwargs['api_server_count']}: {why}")
     tp = kwargs.pop("tp")
     served, aliases = _model_ids(given_model, model_path, kwargs.pop("served_model_name"))

@@ -6,6 +6,7 @@ Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn wit
 from __future__ import annotations
 
 import asyncio
+from copy import deepcopy
 from dataclasses import replace
 from typing import Any, AsyncIterator, Dict, List, Sequence, Tuple
 
@@ -16,16 +17,13 @@ from .stream import Delta, DeltaStream, generate_deltas
 
 
 def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
-    if params.seed is None:
-        return [params] * n
-    return [replace(params, seed=(params.seed + j) % 2**63) for j in range(n)]
+    return [params] * n if params.seed is None else [replace(params, seed=(params.seed + j) % 2**63) for j in range(n)]
 
 
 def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: SamplingParams, n: int,
                  stops: List[str], chat_options: Dict[str, Any] | None = None,
                  keep_stop: bool = False, user: str | None = None) -> List[DeltaStream]:
-    """Every choice submitted now, its delta stream in choice order; if one cannot be (a full queue, a dead
-    backend), those before it are aborted and its error raised."""
+    """Every choice submitted now, in choice order; if one cannot be, those before it are aborted."""
     streams: List[DeltaStream] = []
     try:
         for prompt in prompts:
@@ -57,12 +55,8 @@ async def first_deltas(streams: Sequence[AsyncIterator[Delta]]) -> List[Delta]:
 
 def merge_delta(total: Delta | None, d: Delta) -> Delta:
     """``total`` (the choice so far) followed by ``d``: texts and logprobs joined, the latest counts."""
-    if total is None:
-        logprobs = None
-        if d.logprobs is not None:
-            logprobs = TextLogprobs()
-            logprobs.extend(d.logprobs)
-        return replace(d, logprobs=logprobs)
+    if total is None:  # a copy of the logprobs, which later deltas extend in place
+        return replace(d, logprobs=deepcopy(d.logprobs))
     if d.logprobs is not None:
         total.logprobs = total.logprobs or TextLogprobs()
         total.logprobs.extend(d.logprobs)
@@ -83,8 +77,7 @@ async def collect_choice(first: Delta, stream: AsyncIterator[Delta]) -> Delta:
 
 async def merged_deltas(firsts: Sequence[Delta], streams: Sequence[AsyncIterator[Delta]]
                         ) -> AsyncIterator[Tuple[int, Delta | Exception]]:
-    """(choice index, delta) of every choice as they come, up to each one's final delta; a failed choice yields
-    its exception and ends the merge. Closing the merge closes every stream."""
+    """(choice index, delta) as they come, to each final delta; a failure yields its exception and ends the merge."""
     queue: asyncio.Queue[Tuple[int, Delta | Exception]] = asyncio.Queue()
 
     async def pump(index: int, first: Delta, stream: AsyncIterator[Delta]) -> None:

@@ -10,7 +10,7 @@ import argparse
 import difflib
 import os
 import sys
-from typing import List, NoReturn
+from typing import Any, Callable, List, NoReturn
 
 import torch
 
@@ -30,11 +30,9 @@ LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
 # flags of upstream, vLLM or SGLang that this server does not offer, and why (looked up for unknown flags only)
 UNSUPPORTED_FLAGS = {
-    "--disable-pynccl": "this engine has no PyNCCL; all-reduce always goes through torch.distributed, as the flag "
-                        "asks, so leave it out",
+    "--disable-pynccl": "this engine has no PyNCCL: all-reduce goes through torch.distributed, as the flag asks",
     "--model-source": "models come from a local directory or the Hugging Face hub",
-    "--tokenizer": "the tokenizer is read from the model directory",
-    "--tokenizer-path": "the tokenizer is read from the model directory",
+    **dict.fromkeys(["--tokenizer", "--tokenizer-path"], "the tokenizer is read from the model directory"),
     "--chat-template": "the model's own chat template is used",
     "--quantization": "quantized weights are not supported; weights load in --dtype",
     "--revision": "pass a local model directory (or a hub id at its default revision)",
@@ -80,40 +78,25 @@ class ServerArgumentParser(argparse.ArgumentParser):
         return f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else " (--help lists the flags)")
 
 
-def _number(text: str, kind: type = int) -> float:
-    try:
-        return kind(text)
-    except ValueError:
-        expected = "an integer" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+def _checked(kind: type, ok: Callable[[Any], bool], problem: str) -> Callable[[str], Any]:
+    """An argparse ``type``: ``text`` as ``kind``, refused with ``problem`` (``{}``: the value) unless ``ok``."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            expected = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(problem.format(value))
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    value = _number(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return int(value)
-
-
-def _non_negative_int(text: str) -> int:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return int(value)
-
-
-def _port(text: str) -> int:
-    value = _number(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is 1..65535, got {value}")
-    return int(value)
-
-
-def _fraction(text: str) -> float:
-    value = _number(text, float)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+_positive_int = _checked(int, lambda v: v >= 1, "must be >= 1, got {}")
+_non_negative_int = _checked(int, lambda v: v >= 0, "must be >= 0, got {}")
+_port = _checked(int, lambda v: 1 <= v <= 65535, "a TCP port is 1..65535, got {}")
+_fraction = _checked(float, lambda v: 0.0 < v <= 1.0, "must be in (0, 1], got {}")
 
 
 def _attention_backend(text: str) -> str:
@@ -138,8 +121,7 @@ def _add_model_args(p: ServerArgumentParser) -> None:
     g.add_argument("--model-path", "--model", dest="model_path", default=None, metavar="PATH",
                    help="local model directory or hub id (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="the model id of /v1/models and requests (default: the model directory's name; the path "
-                        "given to --model is accepted too)")
+                   help="the model id of /v1/models (default: the directory's name; --model's path works too)")
     g.add_argument("--dtype", default="auto", choices=list(DTYPES),
                    help="weights and activations; auto = the dtype in the model's config.json (float32 if none)")
     g.add_argument("--dummy-weight", dest="use_dummy_weight", action="store_true",
@@ -147,26 +129,22 @@ def _add_model_args(p: ServerArgumentParser) -> None:
     g.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
                    help="vLLM/SGLang spelling: dummy = --dummy-weight")
     g.add_argument("--trust-remote-code", action="store_true",
-                   help="accepted for vLLM/SGLang command lines; has no effect: only this engine's own model code "
-                        "ever runs")
+                   help="accepted for vLLM/SGLang command lines; no effect: only this engine's model code runs")
 
 
 def _add_parallel_args(p: ServerArgumentParser) -> None:
     g = p.add_argument_group("parallelism and memory")
     g.add_argument("--tensor-parallel-size", "--tp-size", "--tp", "-tp", dest="tp", type=_positive_int, default=1,
-                   metavar="N", help="one scheduler process per rank (NCCL on GPUs, gloo on CPU); with --nnodes: "
-                                     "the ranks of all machines")
+                   metavar="N", help="one scheduler process per rank (with --nnodes: of all machines)")
     g.add_argument("--nnodes", type=_positive_int, default=1, metavar="M",
                    help="machines that run the --tp ranks together, tp / M on each")
     g.add_argument("--node-rank", type=_non_negative_int, default=0, metavar="R",
                    help="this machine's index; node 0 serves the API, the others run their ranks only")
     g.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT",
-                   help="node 0's address for the ranks' torch.distributed rendezvous (node 0 also listens on "
-                        "PORT+1 and PORT+2)")
+                   help="node 0's address for the ranks' rendezvous (node 0 also listens on PORT+1 and PORT+2)")
     g.add_argument("--memory-ratio", "--mem-fraction-static", "--gpu-memory-utilization", dest="memory_ratio",
                    type=_fraction, default=0.9, metavar="RATIO",
-                   help="share of the GPU memory left free after loading the weights that the KV cache takes "
-                        "(vLLM/SGLang count the weights in; on CPU the KV cache is a fixed size)")
+                   help="share of the GPU memory free after the weights that the KV cache takes (vLLM's: of all)")
     g.add_argument("--num-pages", dest="num_page_override", type=_positive_int, default=None, metavar="N",
                    help="KV cache pages (overrides --memory-ratio)")
     g.add_argument("--page-size", "--block-size", dest="page_size", type=_positive_int, default=1, metavar="TOKENS",
@@ -185,12 +163,9 @@ def _add_scheduling_args(p: ServerArgumentParser) -> None:
     g.add_argument("--max-prefill-length", "--max-extend-length", "--chunked-prefill-size",
                    "--max-num-batched-tokens", dest="max_extend_tokens", type=_positive_int, default=8192,
                    metavar="TOKENS", help="prefill tokens per step; a longer prompt is prefilled in chunks this size")
-    g.add_argument("--enable-mixed-chunk", action="store_true",
-                   help="running requests take their decode step inside each prefill batch instead of steps of "
-                        "their own between prefill chunks (SGLang's flag)")
+    g.add_argument("--enable-mixed-chunk", action="store_true", help="decode steps ride in each prefill batch")
     g.add_argument("--stream-interval", type=_positive_int, default=1, metavar="N",
-                   help="a streaming request's tokens leave the scheduler every N steps (its first and last at "
-                        "once): fewer chunks for the API server to write, tokens N at a time (SGLang's flag)")
+                   help="a streamed request's tokens leave the scheduler every N steps (first and last at once)")
     g.add_argument("--cache-type", "--cache", dest="cache_type", default="radix", choices=["naive", "radix"],
                    help="radix = reuse the KV of shared prompt prefixes")
     g.add_argument("--disable-radix-cache", dest="cache_type", action="store_const", const="naive",
@@ -198,24 +173,18 @@ def _add_scheduling_args(p: ServerArgumentParser) -> None:
     g.add_argument("--disable-overlap-schedule", dest="overlap_scheduling", action="store_const", const=False,
                    default=argparse.SUPPRESS, help="each batch's results before the next forward (SGLang's flag)")
     g.add_argument("--attention-backend", "--attn", dest="attention_backend", type=_attention_backend,
-                   default="auto", metavar="NAME",
-                   help=f"auto, one of {attn}, or PREFILL,DECODE (e.g. fa,fi); auto = triton on a GPU (fa,triton "
-                        f"with FlashAttention 4 on sm90+), torch on CPU")
+                   default="auto", metavar="NAME", help=f"auto, one of {attn}, or PREFILL,DECODE (e.g. fa,fi)")
     g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
-                   help="what the KV cache stores: auto = the model's dtype; fp8 halves a 16-bit model's bytes per "
-                        "token (per-layer scales from the checkpoint, else 1.0)")
+                   help="auto = the model's dtype; fp8 halves the bytes per token (scales from the checkpoint)")
     g.add_argument("--moe-backend", choices=["auto", *SUPPORTED_MOE_BACKENDS.supported_names()], default="auto",
                    help=f"MoE models: one of {moe}; auto = fused on a GPU, torch on CPU")
     g.add_argument("--cuda-graph-max-bs", "--graph", dest="cuda_graph_max_bs", type=_non_negative_int,
-                   default=None, metavar="BS",
-                   help="largest decode batch run as a CUDA graph; 0 = no graphs (default: 256 on a GPU, 160 "
-                        "with 60 GiB free or less; none on CPU, where N > 0 emulates them)")
+                   default=None, metavar="BS", help="largest decode batch run as a CUDA graph; 0 = none (default: "
+                                                    "256 on a GPU, 160 with <= 60 GiB free, 0 on CPU)")
     g.add_argument("--disable-cuda-graph", "--enforce-eager", dest="cuda_graph_max_bs", action="store_const",
                    const=0, default=argparse.SUPPRESS, help="SGLang / vLLM spelling of --cuda-graph-max-bs 0")
     g.add_argument("--disable-prefill-cuda-graph", dest="prefill_cuda_graph", action="store_const", const=False,
-                   default=None, help="launch every prefill step eagerly (default on a GPU: every prefill step, "
-                                      "padded up to one of a grid of token counts up to --max-num-batched-tokens, "
-                                      "replays a CUDA graph of the prefill forward)")
+                   default=None, help="launch prefill steps eagerly, not as padded CUDA graph replays")
     g.add_argument("--num-tokenizer", "--tokenizer-count", dest="num_tokenizer", type=_non_negative_int, default=0,
                    metavar="N", help="tokenizer processes; 0 = one process tokenizes and detokenizes")
 
@@ -226,40 +195,30 @@ def _add_http_args(p: ServerArgumentParser, run_shell: bool) -> None:
     g.add_argument("--port", dest="server_port", type=_port, default=1919, metavar="PORT",
                    help="HTTP port; with --tp > 1 the ranks also meet on port + 1")
     g.add_argument("--api-key", default=os.environ.get("MINISGL_API_KEY") or None, metavar="KEY",
-                   help="require 'Authorization: Bearer <key>' on every endpoint but /health "
-                        "(default: $MINISGL_API_KEY; unset = no auth)")
+                   help="require 'Authorization: Bearer <key>' but on /health (default: $MINISGL_API_KEY)")
     g.add_argument("--api-server-count", type=_positive_int, default=1, metavar="N",
-                   help="HTTP server processes sharing the port (vLLM's flag); each streams the requests of its own "
-                        "connections, so a burst's HTTP work spreads over N cores (Linux)")
+                   help="HTTP server processes sharing the port (Linux)")
     g.add_argument("--max-request-bytes", type=_positive_int, default=1 << 20, metavar="BYTES",
                    help="larger request bodies get 413")
     g.add_argument("--max-queued-requests", type=_positive_int, default=1024, metavar="N",
                    help="requests waiting beyond --max-running-requests; more get 503 + Retry-After")
     g.add_argument("--timeout-keep-alive", type=_positive_int, default=60, metavar="S",
-                   help="close a keep-alive connection idle for S seconds (uvicorn's flag; its default, 5, is the "
-                        "clients' own, which lets a request race the close)")
+                   help="close a keep-alive connection idle for S seconds (longer than the clients' own)")
     g.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="of every process, uvicorn's included")
-    g.add_argument("--log-level-http", choices=LOG_LEVELS, default=None,
-                   help="of the HTTP server's own log (uvicorn's; SGLang's flag) where it should differ from "
-                        "--log-level")
+    g.add_argument("--log-level-http", choices=LOG_LEVELS, default=None, help="uvicorn's, if not --log-level")
     g.add_argument("--disable-uvicorn-access-log", dest="access_log", action="store_false",
                    help="no log line per HTTP request (vLLM's flag)")
     g.add_argument("--enable-log-requests", "--log-requests", dest="log_requests", action="store_true",
-                   help="log each request when it arrives (prompt, changed sampling parameters) and when it ends "
-                        "(how, tokens, time): vLLM's and SGLang's flags")
+                   help="log each request when it arrives and when it ends")
     g.add_argument("--disable-log-requests", dest="log_requests", action="store_false", default=argparse.SUPPRESS,
                    help="vLLM's older spelling of the default: no request log")
     g.add_argument("--max-log-len", type=_non_negative_int, default=None, metavar="N",
-                   help="prompt characters or token ids a request's log line shows (vLLM's flag; default: all)")
+                   help="prompt characters or token ids a request's log line shows (default: all)")
     g.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=None,
-                   help="read tool calls out of the output for tool_choice auto: hermes (vLLM's name) or qwen25 "
-                        "(SGLang's) for Hermes', Qwen2.5's and Qwen3's <tool_call> blocks")
-    g.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help="vLLM's switch for tool_choice auto: here --tool-call-parser alone turns it on, and this "
-                        "flag needs it")
+                   help="read <tool_call> blocks out of the output (tool_choice auto)")
+    g.add_argument("--enable-auto-tool-choice", action="store_true", help="vLLM's; needs --tool-call-parser")
     g.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
-                   help="read a thinking model's <think> block out into reasoning_content: qwen3, or deepseek-r1 "
-                        "(deepseek_r1 in vLLM) whose template opens the block in the prompt")
+                   help="read a <think> block out into reasoning_content")
     g.add_argument("--shell-mode", "--shell", dest="shell", action="store_true", default=run_shell,
                    help="interactive chat in this terminal instead of an HTTP server")
 

@@ -9,16 +9,8 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator, Deque, Dict, List
 
-from ..message import (
-    AbortMsg,
-    BaseFrontendMsg,
-    BaseTokenizerMsg,
-    BatchFrontendMsg,
-    StatsQueryMsg,
-    StatsReply,
-    TokenizeMsg,
-    UserReply,
-)
+from ..message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
+from ..message.tokenizer import AbortMsg, BaseTokenizerMsg, StatsQueryMsg, TokenizeMsg
 from ..utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 from .args import ServerArgs
 from .metrics import ServerMetrics
@@ -53,11 +45,9 @@ class FrontendManager:
         self.submit_time: Dict[int, float] = {}
         self.request_log = RequestLog(config.max_log_len) if config.log_requests else None
         self.send_tokenizer: List[ZmqAsyncPushQueue[BaseTokenizerMsg]] = [
-            ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs
-        ]
+            ZmqAsyncPushQueue(addr, False, BaseTokenizerMsg.encoder) for addr in config.zmq_tokenizer_addrs]
         self.recv_tokenizer: ZmqAsyncPullQueue[BaseFrontendMsg] = ZmqAsyncPullQueue(
-            config.zmq_frontend_addrs[api_index], True, BaseFrontendMsg.decoder
-        )
+            config.zmq_frontend_addrs[api_index], True, BaseFrontendMsg.decoder)
         self.uid_counter = itertools.count(api_index, self.api_count)
         # uid -> its replies; None in a queue means "the backend is gone"
         self.ack_map: Dict[int, asyncio.Queue[UserReply | StatsReply | None]] = {}
@@ -68,14 +58,11 @@ class FrontendManager:
         while True:
             try:
                 msg = await self.recv_tokenizer.get()
-            except asyncio.CancelledError:
-                raise
             except Exception:  # one undecodable message must not stop every later reply
                 logger.exception("frontend: dropping a message it cannot decode")
                 continue
             for reply in msg.data if isinstance(msg, BatchFrontendMsg) else [msg]:
-                queue = self.ack_map.get(reply.uid)
-                if queue is not None:  # replies of aborted requests find no queue and are dropped
+                if (queue := self.ack_map.get(reply.uid)) is not None:  # an aborted request's replies are dropped
                     queue.put_nowait(reply)
 
     def _send(self, uid: int, msg: BaseTokenizerMsg) -> None:
@@ -111,12 +98,9 @@ class FrontendManager:
         return uid
 
     async def replies(self, uid: int, keep_apart_after: int = 0) -> AsyncIterator[UserReply]:
-        """The request's replies up to the finished one. However the consumer stops, the entry is removed and an
-        unfinished request aborted (upstream leaked entries).
-
-        Replies that queued up while the consumer waited are merged into one (as vLLM's output collector): a loaded
-        server writes one chunk per request per turn. ``keep_apart_after``: replies up to that many completion
-        tokens are not merged with later ones (min_tokens' stop strings count only after them)."""
+        """The request's replies up to the finished one; however the consumer stops, the entry is removed and an
+        unfinished request aborted. Replies that queued up meanwhile are merged into one (as vLLM's output collector),
+        but not across ``keep_apart_after`` completion tokens (min_tokens' stop strings count only after them)."""
         queue = self.ack_map[uid]
         finished = backend_gone = False
         last = started = self.submit_time.get(uid)

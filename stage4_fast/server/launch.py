@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any, Callable, List, Tuple
 
@@ -32,7 +33,7 @@ from ..utils.process import freeze_startup_heap, setup_worker_process
 from .args import ServerArgs, parse_args, split_host_port
 from .cli import prog_name
 from .nodes import NodeLink
-from .preflight import StartupError, bind_listener, check_port_free, share_port
+from .preflight import StartupError, bind_listener, check_port_free
 
 logger = logging.getLogger("stage4_fast")
 
@@ -45,20 +46,15 @@ class WorkerDied(RuntimeError):
 
 def _die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(0)  # unwinds through finally blocks, which close the sockets
 
 
 def _worker_setup(parent_pid: int, log_level: str, role: str) -> None:
     _die_with_parent(parent_pid)
     setup_worker_process(role)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds through finally blocks, which close the sockets
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")
 
 
@@ -109,13 +105,10 @@ class WorkerSet:
         self.metrics_dir: str | None = None  # the API server processes' Prometheus files (start_api_servers)
         # set once every API server process acked: until then none answers, so a /health answer means all are up
         self.serving = self.ctx.Event()
-        self.link: NodeLink | None = None
         # the node link reports a lost machine through this pipe, which the watchdog waits on
         self._link_reader, self._link_writer = mp.Pipe(duplex=False)
-        if config.nnodes > 1:
-            host, port = config.node_link_addr
-            self.link = NodeLink(config.node_rank, config.nnodes, host, port, config.ranks_per_node,
-                                 join_timeout_s=config.distributed_timeout)
+        self.link = NodeLink(config.node_rank, config.nnodes, *config.node_link_addr, config.ranks_per_node,
+                             join_timeout_s=config.distributed_timeout) if config.nnodes > 1 else None
 
     @property
     def serves(self) -> bool:
@@ -154,10 +147,11 @@ class WorkerSet:
             signal.signal(signal.SIGINT, previous)
 
     def start_api_servers(self, info: dict, listener: socket.socket) -> None:
-        """Start the N API server processes and wait until each is ready; process 0 takes ``listener``, the others
-        sockets of their own on the same port (SO_REUSEPORT)."""
+        """Start the N API server processes and wait for them (process 0 takes ``listener``)."""
         c = self.config
-        share_port(listener)
+        # other sockets may bind the port now (bound without the option, it was checked free); Linux spreads the
+        # connections over them
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self.metrics_dir = tempfile.mkdtemp(prefix=f"minisgl_metrics{c._unique_suffix}.")  # (named as the ipc files)
         created = int(time.time())
         self._spawn([(f"minisgl-api-server-{i}", _run_api_server,
@@ -231,19 +225,13 @@ class WorkerSet:
                 proc.kill()
                 proc.join()
         for path in self.config.ipc_paths:
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
         if self.metrics_dir is not None:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.ack_queue.close()
         self._link_reader.close()
         self._link_writer.close()
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _reserve_ports(config: ServerArgs, shell: bool) -> socket.socket | None:
@@ -271,7 +259,7 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
     logging.basicConfig(level=config.effective_log_level.upper(), format="[%(asctime)s] %(levelname)s %(message)s")
     if announce is not None:
         print(announce(config), flush=True)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C (KeyboardInterrupt)
     workers = WorkerSet(config)
     exit_code = 0
     try:
@@ -312,15 +300,13 @@ def run_rank_node(config: ServerArgs, workers: WorkerSet) -> int:
     logger.info("node %d of %d: TP ranks %d..%d of %d ready, following node 0 at %s", config.node_rank,
                 config.nnodes, ranks[0], ranks[-1], config.tp_info.size, config.dist_init_addr)
     ended.get()  # Ctrl-C / SIGTERM interrupt the wait (KeyboardInterrupt)
-    link = workers.link
-    return 0 if link is not None and link.lost_cleanly else 1
+    return 0 if workers.link is not None and workers.link.lost_cleanly else 1
 
 
 def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: int | None = None,
                  on_ready: Callable[[], None] | None = None, serving: Any = None,
                  follow_launcher: bool = False) -> Tuple[Any, Callable[[str], None]]:
-    """uvicorn with this process's app, and its ``end_requests(reason)``. ``follow_launcher``: leave Ctrl-C to the
-    launcher; with ``serving`` (an event) the sockets open only once it is set."""
+    """uvicorn with this process's app, and its ``end_requests(reason)``; sockets open once ``serving`` is set."""
     import uvicorn
 
     from .api_server import BackendInfo, create_app
@@ -332,8 +318,7 @@ def _http_server(config: ServerArgs, info: dict, api_index: int = 0, created: in
             if server.should_exit:
                 return  # stopped before serving: uvicorn opens the sockets and shuts down at once
 
-    backend = BackendInfo(max_seq_len=info["max_seq_len"], num_pages=info["num_pages"], page_size=info["page_size"],
-                          vocab_size=info["vocab_size"])
+    backend = BackendInfo(**{k: info[k] for k in ("max_seq_len", "num_pages", "page_size", "vocab_size")})
     app = create_app(config, backend, api_index, created, ready)
 
     def end_requests(reason: str) -> None:

@@ -22,9 +22,7 @@ class CompletionLogprobs:
 
     def format(self, *runs: TextLogprobs | None) -> Dict[str, Any]:
         out: Dict[str, List[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for run in runs:
-            if run is None:
-                continue
+        for run in filter(None, runs):
             for token, value, top_tokens, top_values in zip(run.tokens, run.logprobs, run.top_tokens, run.top_logprobs):
                 out["tokens"].append(token)
                 out["token_logprobs"].append(value)

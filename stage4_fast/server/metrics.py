@@ -9,16 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the route)
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    multiprocess,
-    values,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
+from prometheus_client.exposition import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the route)
 
 # latencies of a CPU test model and of a GPU serving a real one both land inside these buckets
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

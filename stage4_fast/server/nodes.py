@@ -9,6 +9,7 @@ left to the ranks' collective timeout.
 from __future__ import annotations
 
 import threading
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable, List, Set
@@ -44,9 +45,8 @@ class NodeLink:
         return f"node {node} (TP ranks {first}..{first + self.ranks_per_node - 1})"
 
     def start(self, on_lost: Callable[[str], None]) -> None:
-        """Join the group in a thread (the other launchers may come later) and watch the peers from then on;
-        ``on_lost(message)`` is called once, from such a thread, unless ``stop`` came first (``lost_cleanly`` then
-        says whether the peer stopped on purpose)."""
+        """Join the group and watch the peers from threads; ``on_lost(message)`` is called once, unless ``stop``
+        came first (``lost_cleanly``: the peer stopped on purpose)."""
         threading.Thread(target=self._run, args=(on_lost,), name="node-link", daemon=True).start()
 
     def _run(self, on_lost: Callable[[str], None]) -> None:
@@ -72,12 +72,11 @@ class NodeLink:
         word = torch.zeros(1, dtype=torch.int32)
         try:
             dist.recv(word, src=peer)
+            message, cleanly = f"{self.describe(peer)} stopped", word.item() == _STOPPED
         except Exception as e:  # gloo: "Connection closed by peer"
-            self._gone.add(peer)
-            self._report(on_lost, f"lost {self.describe(peer)}: {_first_line(e)}", False)
-            return
+            message, cleanly = f"lost {self.describe(peer)}: {_first_line(e)}", False
         self._gone.add(peer)
-        self._report(on_lost, f"{self.describe(peer)} stopped", word.item() == _STOPPED)
+        self._report(on_lost, message, cleanly)
 
     def _report(self, on_lost: Callable[[str], None], message: str, cleanly: bool) -> None:
         with self._lock:
@@ -96,10 +95,8 @@ class NodeLink:
         import torch.distributed as dist
 
         for peer in set(self.peers) - self._gone:
-            try:  # a peer that is gone already (or has had its word) never takes it: don't wait long
+            with suppress(Exception):  # a peer gone already (or that had its word) never takes it
                 dist.isend(torch.full((1,), _STOPPED, dtype=torch.int32), dst=peer).wait(_GOODBYE_TIMEOUT)
-            except Exception:
-                pass
 
 
 def _first_line(e: BaseException) -> str:

@@ -71,12 +71,6 @@ def bind_listener(host: str, port: int, reuse_port: bool = False) -> socket.sock
     return sock
 
 
-def share_port(sock: socket.socket) -> None:
-    """Let other sockets bind the port of ``sock`` (bound without the option: checked free); Linux spreads the
-    connections over them."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-
-
 def check_port_free(host: str, port: int, what: str, flag: str = "--port") -> None:
     """For a port someone else binds later (the TP ranks' rendezvous): free now, or a one-line error."""
     if not 1 <= port <= 65535:

@@ -14,13 +14,9 @@ logger = logging.getLogger(__name__)
 
 def changed_fields(params: Any) -> Dict[str, Any]:
     """The fields of a dataclass that differ from their defaults (a request's sampling parameters, readably)."""
-    changed = {}
-    for f in dataclasses.fields(params):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        value = getattr(params, f.name)
-        if value != default:
-            changed[f.name] = value
-    return changed
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(params)}
+    return {name: value for name, default in defaults.items() if (value := getattr(params, name)) != default}
 
 
 @dataclass
@@ -52,5 +48,4 @@ class RequestLog:
         elif finished and last is not None:
             logger.info("request %d finished (%s) in %.3f s: %s", uid, last.finish_reason, seconds, tokens)
         else:
-            logger.info("request %d aborted after %.3f s (its client left or stopped reading): %s", uid, seconds,
-                        tokens)
+            logger.info("request %d aborted after %.3f s (its client left): %s", uid, seconds, tokens)

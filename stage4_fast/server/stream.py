@@ -11,8 +11,7 @@ from .tags import tag_start_len
 
 
 class StopStringMatcher:
-    """Cuts a text stream before the first stop string, wherever the chunks split (a tail that could start one is
-    held back). ``keep_stop``: vLLM's include_stop_str_in_output."""
+    """Cuts a text stream before the first stop string, wherever the chunks split (``keep_stop``: keeps it)."""
 
     def __init__(self, stops: List[str], keep_stop: bool = False) -> None:
         self.stops = [s for s in stops if s]
@@ -22,8 +21,7 @@ class StopStringMatcher:
         self.overlap = max(map(len, self.stops), default=1) - 1  # the most of a stop string that text can end with
 
     def feed(self, text: str, armed: bool = True) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string was hit). A stop string counts only if it ends in ``armed``
-        text (after min_tokens, as vLLM)."""
+        """(text safe to emit, whether a stop string was hit); one counts only if it ends in ``armed`` text."""
         if not self.stops:
             return text, False
         buf, unarmed = self.held + text, self.held_unarmed
@@ -60,8 +58,8 @@ class Delta:
 
 
 class DeltaStream:
-    """One request's deltas, an async iterator. The request is submitted in the handler's own step (from a task it
-    would wait behind every turn of a busy loop); closing the stream aborts an unfinished request."""
+    """One request's deltas; it was submitted in the handler's own step (a task would wait behind a busy loop's turn),
+    and closing the stream aborts it unless finished."""
 
     def __init__(self, frontend: FrontendManager, uid: int, deltas: AsyncGenerator[Delta, None]) -> None:
         self.frontend, self.uid, self._deltas = frontend, uid, deltas
@@ -81,13 +79,10 @@ class DeltaStream:
         await self._deltas.aclose()
 
 
-def generate_deltas(
-    frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
-    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
-    user: str | None = None,
-) -> DeltaStream:
-    """Submit the request now; its stream gives a Delta per reply, the last with its finish reason. ``user``: the
-    end-user id, for the request log."""
+def generate_deltas(frontend: FrontendManager, prompt: object, sampling_params: object, stops: List[str],
+                    chat_options: Dict[str, Any] | None = None, keep_stop: bool = False, min_tokens: int = 0,
+                    user: str | None = None) -> DeltaStream:
+    """Submit the request now; its stream gives a Delta per reply, the last with its finish reason."""
     uid = frontend.submit(prompt, sampling_params, chat_options, user)
     return DeltaStream(frontend, uid, _deltas(frontend, uid, StopStringMatcher(stops, keep_stop), min_tokens))
 
@@ -101,12 +96,9 @@ async def _deltas(frontend: FrontendManager, uid: int, matcher: StopStringMatche
             if reply.error:
                 raise RequestRejected(reply.error)
             text, hit = matcher.feed(reply.incremental_output, armed=reply.completion_tokens > armed_after)
-            finish: str | None = None
-            if hit:
-                finish = "stop"
-            elif reply.finished:
+            if reply.finished and not hit:
                 text += matcher.flush()
-                finish = reply.finish_reason or "stop"
+            finish = "stop" if hit else (reply.finish_reason or "stop") if reply.finished else None
             yield Delta(text, finish, reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens,
                         reply.logprobs, reply.prompt_text, reply.prompt_logprobs)
             if finish is not None:

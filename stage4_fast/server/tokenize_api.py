@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, List
+from typing import Any, List
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -37,8 +37,7 @@ def _encode(manager: Any, req: TokenizeRequest) -> List[int]:
 
 def add_tokenize_routes(app: FastAPI, check_model: Any) -> None:
     """``check_model(app, name)``: the chat endpoints' check of the request's ``model``."""
-    app.state.tokenize_manager = None
-    app.state.tokenizer_lock = asyncio.Lock()
+    app.state.tokenize_manager, app.state.tokenizer_lock = None, asyncio.Lock()
 
     @app.post("/tokenize", responses=error_responses(404))
     async def tokenize(req: TokenizeRequest) -> JSONResponse:
@@ -56,5 +55,4 @@ def add_tokenize_routes(app: FastAPI, check_model: Any) -> None:
         if outside is not None:
             raise APIError(400, f"token id {outside} is outside the tokenizer's vocabulary (0..{known - 1})",
                            "invalid_value", param="tokens")
-        text: Dict[str, Any] = {"prompt": await asyncio.to_thread(manager.tokenizer.decode, req.tokens)}
-        return JSONResponse(text)
+        return JSONResponse({"prompt": await asyncio.to_thread(manager.tokenizer.decode, req.tokens)})

@@ -47,13 +47,7 @@ class HermesStream:
 
     def feed(self, piece: str, final: bool = False) -> Tuple[str, List[Dict[str, Any]]]:
         text, shown, new_calls = self.pending + piece, [], []
-        while True:
-            start = text.find(START)
-            if start < 0:
-                break
-            end = text.find(END, start + len(START))
-            if end < 0:
-                break
+        while (start := text.find(START)) >= 0 and (end := text.find(END, start + len(START))) >= 0:
             shown.append(text[:start])
             call = _block_call(text[start + len(START) : end].strip())
             if call is None:  # not a call after all: its text is content
@@ -61,15 +55,11 @@ class HermesStream:
             else:
                 new_calls.append(call)
             text = text[end + len(END) :]
-        if final:
-            shown.append(text)  # an unfinished block is text
-            text = ""
-        else:
-            start = text.find(START)
-            keep = len(text) - start if start >= 0 else tag_start_len(text, START)
-            shown.append(text[: len(text) - keep])
-            text = text[len(text) - keep :]
-        self.pending = text
+        # an open block, or what may start one, waits for more (at the end, an unfinished block is text)
+        start = text.find(START)
+        keep = 0 if final else len(text) - start if start >= 0 else tag_start_len(text, START)
+        shown.append(text[: len(text) - keep])
+        self.pending = text[len(text) - keep :]
         self.calls.extend(new_calls)
         return "".join(shown), new_calls
 
@@ -80,8 +70,7 @@ def parse_hermes(text: str) -> Tuple[str, List[Dict[str, Any]]]:
 
 
 def forced_schema(tools: List[Dict[str, Any]], name: str | None, parallel: bool = True) -> Dict[str, Any]:
-    """The JSON the output is held to: a named tool's arguments, or (required) a non-empty list of calls to
-    ``tools``, of one call unless ``parallel``."""
+    """The JSON the output is held to: a named tool's arguments, or (required) a list of calls (one unless parallel)."""
     params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
     if name is not None:
         return params[name]
@@ -105,8 +94,7 @@ def forced_calls(text: str, name: str | None) -> List[Dict[str, Any]]:
 
 
 class ToolCallReader:
-    """A chat request's choices read for tool calls, ``"auto"`` (Hermes) or ``"forced"``; streamed choices keep
-    their state here. Without ``parallel`` a choice's first call is its only one (as vLLM)."""
+    """A chat request's choices read for tool calls, ``"auto"`` (Hermes) or ``"forced"``, streamed ones' state."""
 
     def __init__(self, mode: str, name: str | None = None, parallel: bool = True) -> None:
         self.mode, self.name, self.parallel = mode, name, parallel
@@ -157,8 +145,7 @@ def tool_call_reader(req: ChatCompletionRequest, parser: str | None
     if mode == "auto":
         if parser is None:
             raise APIError(400, "tool_choice auto (the default with tools) needs a server started with "
-                           "--tool-call-parser; send tool_choice none, required or a named tool",
-                           "invalid_value", param="tool_choice")
+                           "--tool-call-parser; send none, required or a named tool", "invalid_value", "tool_choice")
         return ToolCallReader("auto", parallel=req.parallel_tool_calls), None
     name = mode.function.name if isinstance(mode, NamedToolChoice) else None
     return (ToolCallReader("forced", name),

@@ -36,8 +36,7 @@ class DecodeStatus:
 
 
 def batch_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[List[List[int]], bool], List[str]]:
-    """``(seqs, skip_special_tokens) -> texts`` in one call: the Rust ``decode_batch`` when transformers' ``decode``
-    would add nothing to it (no space clean-up), else ``decode`` per list."""
+    """``(seqs, skip_special_tokens) -> texts``: the Rust ``decode_batch`` unless ``decode`` cleans up spaces."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if hasattr(backend, "decode_batch") and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return lambda seqs, skip: backend.decode_batch(seqs, skip_special_tokens=skip)
@@ -80,21 +79,13 @@ class DetokenizeManager:
         replies = []
         for s, msg in zip(statuses, msgs):
             new_text, s.unsent = s.unsent, ""
+            prompt_lp = msg.prompt_logprobs
+            # every generated token's logprobs, the final EOS too (lm-eval counts one per token)
             replies.append(UserReply(
-                uid=msg.uid,
-                incremental_output=new_text,
-                finished=msg.finished,
-                finish_reason=msg.finish_reason,
-                prompt_tokens=s.prompt_tokens,
-                completion_tokens=s.completion_tokens,
-                cached_tokens=s.cached_tokens,
-                error=msg.error,
-                # every generated token's logprobs, the final EOS too (lm-eval counts one per token)
-                logprobs=self._as_text(msg.logprobs) if msg.logprobs is not None else None,
-                prompt_logprobs=self._as_text(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None,
-                prompt_text=(self._decode_batch([msg.prompt_logprobs.token_ids], msg.skip_special_tokens)[0]
-                             if msg.prompt_logprobs else None),
-            ))
+                msg.uid, new_text, msg.finished, msg.finish_reason, s.prompt_tokens, s.completion_tokens,
+                s.cached_tokens, msg.error, self._as_text(msg.logprobs) if msg.logprobs is not None else None,
+                self._as_text(prompt_lp) if prompt_lp is not None else None,
+                self._decode_batch([prompt_lp.token_ids], msg.skip_special_tokens)[0] if prompt_lp else None))
         return replies
 
     def _commit(self, pending: List[Tuple[DecodeStatus, bool]], skip_special_tokens: bool) -> None:
@@ -144,8 +135,7 @@ class DetokenizeManager:
 
     def _text_of(self, token_id: int) -> str:
         """A token's own text, as vLLM reports it (a piece of a multi-byte character decodes to U+FFFD)."""
-        text = self._token_text.get(token_id)
-        if text is None:
+        if (text := self._token_text.get(token_id)) is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
 

@@ -6,24 +6,17 @@ import logging
 from typing import Any, Dict, List, Tuple
 
 from ..message import (
-    AbortBackendMsg,
     AbortMsg,
-    BaseBackendMsg,
-    BaseFrontendMsg,
     BaseTokenizerMsg,
-    BatchBackendMsg,
-    BatchFrontendMsg,
     BatchTokenizerMsg,
     DetokenizeMsg,
-    StatsBackendMsg,
     StatsMsg,
     StatsQueryMsg,
-    StatsReply,
     TokenizeMsg,
-    UserMsg,
-    UserReply,
     expand_columns,
 )
+from ..message.backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, StatsBackendMsg, UserMsg
+from ..message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
 from ..utils.hf import load_tokenizer
 from ..utils.mp import ZmqPullQueue, ZmqPushQueue
 from ..utils.process import freeze_startup_heap
@@ -42,26 +35,15 @@ def _wrap(msgs: list, batch_cls: type) -> Any:
     return msgs[0] if len(msgs) == 1 else batch_cls(msgs)
 
 
-def tokenize_worker(
-    *,
-    tokenizer_path: str,
-    addr: str,
-    create: bool,
-    backend_addr: str,
-    frontend_addrs: List[str],
-    local_bs: int,
-    tokenizer_id: int = -1,
-    ack_queue: Any = None,
-) -> None:
-    """Pull requests and tokens on ``addr``; push token ids to the scheduler and text to the API server that owns
-    the request (``uid % len(frontend_addrs)``). One worker may do both jobs (upstream's shared mode)."""
+def tokenize_worker(*, tokenizer_path: str, addr: str, create: bool, backend_addr: str, frontend_addrs: List[str],
+                    local_bs: int, tokenizer_id: int = -1, ack_queue: Any = None) -> None:
+    """Pull requests and tokens on ``addr``; push token ids to the scheduler, text to the request's API server."""
     tokenizer = load_tokenizer(tokenizer_path)
     tokenize_manager = TokenizeManager(tokenizer)
     detokenize_manager = DetokenizeManager(tokenizer)
     send_backend: ZmqPushQueue[BaseBackendMsg] = ZmqPushQueue(backend_addr, False, BaseBackendMsg.encoder)
-    send_frontend: List[ZmqPushQueue[BaseFrontendMsg]] = [
-        ZmqPushQueue(a, False, BaseFrontendMsg.encoder) for a in frontend_addrs
-    ]
+    send_frontend: List[ZmqPushQueue[BaseFrontendMsg]] = [ZmqPushQueue(a, False, BaseFrontendMsg.encoder)
+                                                          for a in frontend_addrs]
     recv: ZmqPullQueue[BaseTokenizerMsg] = ZmqPullQueue(addr, create, BaseTokenizerMsg.decoder)
     freeze_startup_heap()  # before the ack: the first request must not wait for its collection
     if ack_queue is not None:
@@ -90,9 +72,8 @@ def _by_api_server(replies: List[BaseFrontendMsg], count: int) -> List[Tuple[int
     return list(groups.items())
 
 
-def _handle(
-    msgs: List[BaseTokenizerMsg], tokenize_manager: TokenizeManager, detokenize_manager: DetokenizeManager
-) -> tuple[list[BaseFrontendMsg], list[BaseBackendMsg]]:
+def _handle(msgs: List[BaseTokenizerMsg], tokenize_manager: TokenizeManager,
+            detokenize_manager: DetokenizeManager) -> tuple[list[BaseFrontendMsg], list[BaseBackendMsg]]:
     to_frontend: list[BaseFrontendMsg] = []
     to_backend: list[BaseBackendMsg] = []
     detok = [m for m in msgs if isinstance(m, DetokenizeMsg)]

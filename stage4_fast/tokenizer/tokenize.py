@@ -7,15 +7,10 @@ from typing import Any, Dict, List
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..message import TokenizeMsg
-
 
 class TokenizeManager:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-
-    def tokenize(self, msgs: List[TokenizeMsg]) -> List[torch.Tensor]:
-        return [self.tokenize_one(msg.text, msg.chat_options) for msg in msgs]
 
     def tokenize_one(self, text: str | List[Dict[str, Any]] | List[int],
                      chat_options: Dict[str, Any] | None = None) -> torch.Tensor:

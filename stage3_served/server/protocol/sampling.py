@@ -46,6 +46,4 @@ class SamplingFields(Strict):
     stream_options: StreamOptions | None = None
 
     def stop_list(self) -> List[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)

@@ -35,9 +35,7 @@ Content = str | List[TextPart]
 
 
 def _text(content: Content | None) -> str:
-    if content is None:
-        return ""
-    return content if isinstance(content, str) else "".join(p.text for p in content)
+    return "" if content is None else content if isinstance(content, str) else "".join(p.text for p in content)
 
 
 class SystemOrUserMessage(Strict):
@@ -96,11 +94,10 @@ ChatMessage = Annotated[SystemOrUserMessage | AssistantMessage | ToolMessage, Fi
 
 
 # apply_chat_template's own parameters and render names: chat_template_kwargs may not set these
-CHAT_TEMPLATE_RESERVED = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
+CHAT_TEMPLATE_RESERVED = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                                    "add_generation_prompt", "continue_final_message", "tokenize",
+                                    "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors",
+                                    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 def template_rules(schema: Dict[str, Any]) -> None:
@@ -122,16 +119,11 @@ def _chat_request_rules(schema: Dict[str, Any], cls: type) -> None:
 class ChatTemplateFields(Strict):
     """What renders chat messages into a prompt: vLLM's and SGLang's chat template options, and the tools."""
 
-    add_generation_prompt: bool | None = Field(
-        None, description="end the prompt with the template's assistant header (default: true, unless "
-                          "continue_final_message)")
-    continue_final_message: bool = Field(
-        False, description="leave the last message open: the model continues it (e.g. an assistant's prefix)")
-    chat_template_kwargs: Dict[str, TemplateValue] | None = Field(
-        None, description="more variables for the model's chat template, e.g. {\"enable_thinking\": false} for "
-                          "Qwen3")
-    tools: List[Tool] | None = Field(None, description="functions the model may call (the chat template renders "
-                                                       "them; a template that does not is a 400)")
+    add_generation_prompt: bool | None = Field(None, description="end with the assistant header (default: true, "
+                                                                 "unless continue_final_message)")
+    continue_final_message: bool = Field(False, description="the model continues the last message")
+    chat_template_kwargs: Dict[str, TemplateValue] | None = Field(None, description="more chat template variables")
+    tools: List[Tool] | None = Field(None, description="functions the model may call")
 
     @model_validator(mode="after")
     def _check_template_options(self) -> ChatTemplateFields:
@@ -148,9 +140,7 @@ class ChatTemplateFields(Strict):
 
     def chat_options(self) -> Dict[str, Any] | None:
         """The template's keyword arguments beyond the default (None); tools go to it whatever the tool_choice."""
-        add = self.add_generation_prompt
-        if add is None:
-            add = not self.continue_final_message
+        add = self.add_generation_prompt if self.add_generation_prompt is not None else not self.continue_final_message
         if add and not self.continue_final_message and not self.chat_template_kwargs and not self.tools:
             return None
         return {**(self.chat_template_kwargs or {}), "add_generation_prompt": add,
@@ -166,15 +156,11 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     logprobs: bool = Field(False, description="the logprob of every output token")
     top_logprobs: TopLogprobs | None = Field(None, description="and of the most likely ones (needs logprobs)")
     # SGLang's (sglang-router sends them): what --reasoning-parser does with a thinking block (nothing without one)
-    separate_reasoning: bool = Field(True, description="SGLang extension: the thinking block goes to "
-                                                       "reasoning_content (false: it stays in the content)")
-    stream_reasoning: bool = Field(True, description="SGLang extension: false sends the reasoning whole once it "
-                                                     "ends")
+    separate_reasoning: bool = Field(True, description="SGLang extension: the thinking block to reasoning_content")
+    stream_reasoning: bool = Field(True, description="SGLang extension: false sends the reasoning whole at its end")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="default: auto with tools (needs --tool-call-parser), none without; required or a named "
-                          "tool hold the output to calls (JSON)")
-    parallel_tool_calls: bool = Field(True, description="false: at most one tool call (required holds the "
-                                                        "output to one; auto keeps the first)")
+        None, description="default: auto with tools (needs --tool-call-parser), none without")
+    parallel_tool_calls: bool = Field(True, description="false: at most one tool call")
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -196,9 +182,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
         return self
 
     def effective_tool_choice(self) -> str | NamedToolChoice:
-        if self.tool_choice is not None:
-            return self.tool_choice
-        return "auto" if self.tools else "none"
+        return self.tool_choice if self.tool_choice is not None else "auto" if self.tools else "none"
 
     def forced_tool(self) -> bool:
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)

@@ -80,11 +80,9 @@ Prompt = Annotated[
     Discriminator(_json_shape, custom_error_type="invalid_prompt",
                   custom_error_message="prompt must be text, token ids, or a list of those"),
 ]
-SinglePrompt = Annotated[
-    Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")],
-    Discriminator(_json_shape, custom_error_type="invalid_prompt",
-                  custom_error_message="prompt must be text or token ids"),
-]
+SinglePrompt = Annotated[Annotated[Text, Tag("text")] | Annotated[TokenIds, Tag("token_ids")],
+                         Discriminator(_json_shape, custom_error_type="invalid_prompt",
+                                       custom_error_message="prompt must be text or token ids")]
 Stop = Annotated[
     Annotated[Text, Tag("text")] | Annotated[List[Text], Tag("list")],
     Discriminator(_stop_shape, custom_error_type="invalid_stop",
@@ -112,9 +110,7 @@ class NotImplementedField:
 
 def _same_json(a: Any, b: Any) -> bool:
     """JSON equality: 0 == 0.0, but true is not 1."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+    if type(a) in (int, float) and type(b) in (int, float):  # (JSON values: bool is neither)
         return a == b
     return type(a) is type(b) and a == b
 
@@ -141,20 +137,16 @@ class Strict(BaseModel):
         for name in known:
             field = cls.not_implemented[name]
             if not field.accepts(data[name]):
-                raise PydanticCustomError(
-                    "not_implemented", "'{param}' is not implemented by this server ({what}); accepted: {accepted}",
-                    {"param": name, "what": field.what, "accepted": field.accepted()},
-                )
+                raise PydanticCustomError("not_implemented",
+                                          "'{param}' is not implemented by this server ({what}); accepted: {accepted}",
+                                          {"param": name, "what": field.what, "accepted": field.accepted()})
         return {k: v for k, v in data.items() if k not in known} if known else data
 
 
 def unknown_field_message(model: type[BaseModel] | None, name: str) -> str:
-    message = f"unknown parameter {name!r}"
-    if model is not None:
-        close = difflib.get_close_matches(name, [*model.model_fields, *getattr(model, "not_implemented", {})], n=1)
-        if close:
-            message += f" (did you mean {close[0]!r}?)"
-    return message
+    known = [*model.model_fields, *getattr(model, "not_implemented", {})] if model is not None else []
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"unknown parameter {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Dict[str, Any]:

@@ -32,8 +32,7 @@ NOT_IMPLEMENTED_SAMPLING: Dict[str, NotImplementedField] = {
 
 class StreamOptions(Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = Field(False, description="vLLM extension: every chunk carries its choice's "
-                                                            "usage so far")
+    continuous_usage_stats: bool = Field(False, description="vLLM extension: every chunk has its usage so far")
 
 
 def sampling_request_rules(schema: Dict[str, Any], cls: type) -> None:
@@ -54,16 +53,12 @@ class SamplingFields(StructuredOutputFields):
     top_k: Int32 = Field(-1, description="< 1 disables top-k")
     seed: SafeInt | None = Field(None, description="per-request sampling seed")
     stop: Stop | None = Field(None, description="the text is cut before the first occurrence")
-    include_stop_str_in_output: bool = Field(False, description="vLLM extension: the text ends with the stop "
-                                                               "string that ended it")
-    min_tokens: MinTokens = Field(0, description="vLLM extension: EOS, stop_token_ids and stop strings cannot end "
-                                                   "the output before it has this many tokens (a stop string that "
-                                                   "ends after them counts)")
+    include_stop_str_in_output: bool = Field(False, description="vLLM extension: keep the stop string")
+    min_tokens: MinTokens = Field(0, description="vLLM extension: no stop before this many tokens")
     stop_token_ids: List[Int32] | None = Field(None, description="token ids that end the request like EOS")
     ignore_eos: bool = False
     skip_special_tokens: bool = Field(True, description="leave special tokens (e.g. <|im_end|>) out of the text")
-    user: str | None = Field(None, description="the client's id of its end user (OpenAI's): shown in the request "
-                                               "log (--enable-log-requests)")
+    user: str | None = Field(None, description="the client's end-user id, for the request log")
     stream: bool = False
     stream_options: StreamOptions | None = None
     # the production API (vLLM's semantics where OpenAI says nothing)
@@ -73,13 +68,10 @@ class SamplingFields(StructuredOutputFields):
     # (far below 0.01, float32 would overflow dividing by it)
     repetition_penalty: float = Field(1.0, ge=0.01, le=10.0, description="vLLM / SGLang extension; 1 = off")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM / SGLang extension; 0 = off")
-    logit_bias: Dict[BiasedTokenId, Bias] | None = Field(
-        None, description="token id (as a string) -> bias added to its logit; ids beyond the vocabulary are a 400")
+    logit_bias: Dict[BiasedTokenId, Bias] | None = Field(None, description="token id (a string) -> bias to its logit")
 
     def logit_bias_list(self) -> List[Tuple[int, float]]:
         return [(int(k), float(v)) for k, v in (self.logit_bias or {}).items()]
 
     def stop_list(self) -> List[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)

@@ -85,17 +85,14 @@ class StructuredOutputs(Strict):
     not_implemented: ClassVar[Mapping[str, NotImplementedField]] = {
         "whitespace_pattern": NI((), "a pattern for JSON's whitespace"),
     }
-    json_: Dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema (an object, or JSON "
-                                                                             "text)")
+    json_: Dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema (object or JSON text)")
     regex: str | None = Field(None, description="a regular expression")
     choice: List[str] | None = Field(None, min_length=1, description="the output is one of these strings")
     grammar: str | None = Field(None, description="an EBNF grammar (xgrammar's dialect, rule root)")
     json_object: bool | None = Field(None, description="true: any JSON object")
-    structural_tag: str | None = Field(None, description="a structural tag (JSON text: xgrammar's format, or "
-                                                         "{structures: [{begin, schema, end}], triggers})")
-    disable_any_whitespace: bool | None = Field(None, description="false: JSON output may hold free whitespace "
-                                                                  "between its tokens (vLLM's default); true or "
-                                                                  "null: it holds none (this server's default)")
+    structural_tag: str | None = Field(None, description="a structural tag, as JSON text")
+    # false: JSON output may hold free whitespace between its tokens (vLLM's default); true or null: none (ours)
+    disable_any_whitespace: bool | None = Field(None, description="false: JSON output may hold free whitespace")
 
     @model_validator(mode="after")
     def _check_one(self) -> StructuredOutputs:
@@ -106,8 +103,7 @@ class StructuredOutputs(Strict):
     def constraints(self) -> List[str]:
         given = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
                  "structural_tag": self.structural_tag}
-        return [name for name, value in given.items() if value is not None] + (["json_object"] if self.json_object
-                                                                               else [])
+        return [name for name, value in given.items() if value is not None] + ["json_object"] * bool(self.json_object)
 
     def grammar_source(self) -> Tuple[str, str]:
         """As (kind, source) of ``SamplingParams.grammar``: a choice becomes the grammar of its alternatives."""
@@ -130,16 +126,12 @@ ONE_OF_THEM = "; at most one of response_format (json), structured_outputs, json
 
 
 class StructuredOutputFields(Strict):
-    response_format: ResponseFormat | None = Field(
-        None, description="json_object, json_schema or structural_tag (SGLang / vLLM: free text until a trigger, "
-                          "then a structure), through xgrammar; one it cannot compile is a 400"
-                          + ONE_OF_THEM)
+    response_format: ResponseFormat | None = Field(None, description="json_object, json_schema or structural_tag"
+                                                                     + ONE_OF_THEM)
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension" + ONE_OF_THEM)
     json_schema: str | None = Field(None, description="SGLang extension: a JSON schema, as JSON text" + ONE_OF_THEM)
-    regex: str | None = Field(None, description="SGLang extension: the output matches this regular expression"
-                                                + ONE_OF_THEM)
-    ebnf: str | None = Field(None, description="SGLang extension: an EBNF grammar (xgrammar's dialect, rule root)"
-                                               + ONE_OF_THEM)
+    regex: str | None = Field(None, description="SGLang extension: a regular expression" + ONE_OF_THEM)
+    ebnf: str | None = Field(None, description="SGLang extension: an EBNF grammar (rule root)" + ONE_OF_THEM)
 
     def grammar(self) -> Dict[str, Any]:
         """The structured output as ``SamplingParams``' fields (kind -> source); empty for free text."""
