@@ -153,7 +153,8 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
             time.sleep(0.2)
         yield server
     except BaseException as e:
-        failed = failed or _is_failure(e)
+        # a test that failed, not one that skipped or a generator closed early
+        failed = failed or not isinstance(e, GeneratorExit) and type(e).__name__ not in ("Skipped", "XFailed")
         raise
     finally:
         try:
@@ -162,21 +163,12 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
             failed = True
             raise
         finally:
-            if failed:
-                _show_log(log)
+            if failed:  # keep the server's log and print its tail (pytest shows it with the failure)
+                tail = log.read_text(errors="replace").splitlines()[-80:]
+                print(f"--- the server's log, kept at {log}; its last {len(tail)} lines ---", *tail, sep="\n",
+                      file=sys.stderr)
             else:
                 log.unlink(missing_ok=True)
-
-
-def _is_failure(e: BaseException) -> bool:
-    """A test that failed, not one that skipped or a generator closed early."""
-    return not isinstance(e, GeneratorExit) and type(e).__name__ not in ("Skipped", "XFailed")
-
-
-def _show_log(log: Path, lines: int = 80) -> None:
-    """A server test failed: keep the server's log and print its tail (pytest shows it with the failure)."""
-    tail = log.read_text(errors="replace").splitlines()[-lines:]
-    print(f"--- the server's log, kept at {log}; its last {len(tail)} lines ---", *tail, sep="\n", file=sys.stderr)
 
 
 @contextmanager

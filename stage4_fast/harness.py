@@ -94,16 +94,13 @@ def free_port(span: int = 3) -> int:
     """A port p with p .. p + span - 1 all free: the server also binds port + 1 (TP rendezvous), multi-node port + 2."""
     for _ in range(100):
         with ExitStack() as held:
-            first = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            if port + span - 1 > 65535:
-                continue
+            socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(span)]
+            socks[0].bind(("127.0.0.1", 0))
+            port = socks[0].getsockname()[1]
             try:
-                for extra in range(1, span):
-                    neighbour = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                for extra, neighbour in enumerate(socks[1:], 1):
                     neighbour.bind(("127.0.0.1", port + extra))
-            except OSError:
+            except (OSError, OverflowError):  # taken, or past port 65535
                 continue
             return port
     raise RuntimeError(f"no run of {span} free ports on 127.0.0.1")
@@ -169,7 +166,8 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
             time.sleep(0.2)
         yield server
     except BaseException as e:
-        failed = failed or _is_failure(e)
+        # a test that failed, not one that skipped or a generator closed early
+        failed = failed or not isinstance(e, GeneratorExit) and type(e).__name__ not in ("Skipped", "XFailed")
         raise
     finally:
         try:
@@ -178,21 +176,12 @@ def server_process(model_dir: str, *, startup_timeout_s: float = 300.0, extra_ar
             failed = True
             raise
         finally:
-            if failed:
-                _show_log(log)
+            if failed:  # keep the server's log and print its tail (pytest shows it with the failure)
+                tail = log.read_text(errors="replace").splitlines()[-80:]
+                print(f"--- the server's log, kept at {log}; its last {len(tail)} lines ---", *tail, sep="\n",
+                      file=sys.stderr)
             else:
                 log.unlink(missing_ok=True)
-
-
-def _is_failure(e: BaseException) -> bool:
-    """A test that failed, not one that skipped or a generator closed early."""
-    return not isinstance(e, GeneratorExit) and type(e).__name__ not in ("Skipped", "XFailed")
-
-
-def _show_log(log: Path, lines: int = 80) -> None:
-    """A server test failed: keep the server's log and print its tail (pytest shows it with the failure)."""
-    tail = log.read_text(errors="replace").splitlines()[-lines:]
-    print(f"--- the server's log, kept at {log}; its last {len(tail)} lines ---", *tail, sep="\n", file=sys.stderr)
 
 
 @contextmanager

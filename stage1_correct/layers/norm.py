@@ -25,9 +25,6 @@ class RMSNorm(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
-    def forward_inplace(self, x: torch.Tensor) -> None:
-        x.copy_(rms_norm(x, self.weight, self.eps))
-
 
 class RMSNormFused(BaseOP):
     """RMSNorm with the residual add folded in: returns (norm(x + residual), x + residual)."""

@@ -216,10 +216,7 @@ class Sampler:
 
     def _add_prompt_rows(self, batch: Batch, args: LogprobArgs) -> None:
         """Echo: each prompt token after the first gets the logprob its previous row predicts (last row: output's)."""
-        flat_rows: List[torch.Tensor] = []
-        positions: List[torch.Tensor] = []
-        pool_rows: List[int] = []
-        segments, offset, start = [], 0, 0
+        flat_rows, positions, pool_rows, segments, offset, start = [], [], [], [], 0, 0
         for i, req in enumerate(batch.reqs):  # (a prefill is never padded)
             if req.sampling_params.wants_prompt_logprobs:
                 count = req.extend_len if not req.can_decode else req.extend_len - 1

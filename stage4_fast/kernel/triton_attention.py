@@ -261,17 +261,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         launch["maxnreg"] = DECODE_MAXNREG_FP8
     pdl, pdl_options = pdl_launch(q.device)
     direct = num_splits == 1
-    if not direct:
-        if mid_o is None:  # the graphs' layout (see SCRATCH_SPLIT_ALIGN): same strides, same compiled kernel
-            width = triton.cdiv(num_splits, SCRATCH_SPLIT_ALIGN) * SCRATCH_SPLIT_ALIGN
-            mid_o = torch.empty(batch, num_qo_heads, width, head_dim, dtype=torch.float32, device=q.device)
-            mid_lse = torch.empty(batch, num_qo_heads, width, dtype=torch.float32, device=q.device)
+    if direct:
+        mo = ml = out.new_empty(0, dtype=torch.float32)
+    elif mid_o is None:  # the graphs' layout (see SCRATCH_SPLIT_ALIGN): same strides, same compiled kernel
+        width = triton.cdiv(num_splits, SCRATCH_SPLIT_ALIGN) * SCRATCH_SPLIT_ALIGN
+        mo = torch.empty(batch, num_qo_heads, width, head_dim, dtype=torch.float32, device=q.device)
+        ml = torch.empty(batch, num_qo_heads, width, dtype=torch.float32, device=q.device)
+    else:
         assert mid_lse is not None
         mo, ml = mid_o, mid_lse
-    else:
-        mo = ml = out.new_empty(0, dtype=torch.float32)
-    mo_strides = (mo.stride(0), mo.stride(1), mo.stride(2)) if not direct else (0, 0, 0)
-    ml_strides = (ml.stride(0), ml.stride(1)) if not direct else (0, 0)
+    mo_strides, ml_strides = ((0, 0, 0), (0, 0)) if direct else (mo.stride()[:3], ml.stride()[:2])
     if cuda is not None:
         cuda.decode_fp8(q, k_cache, v_cache, page_table, table_idx, seq_lens, mo, ml, out, sm_scale * k_scale * LOG2E,
                         v_scale, num_splits, cuda_stages or DECODE_FP8_CUDA_STAGES,

@@ -134,14 +134,10 @@ class LLM(Scheduler):
             except RequestAllFinished:
                 pass
         self._pbar = None
-        texts = self._decode_outputs(len(prompts))
-        results: List[Dict[str, Any]] = []
-        for uid in range(len(prompts)):
-            status = self.status_map[uid]
-            result: Dict[str, Any] = {"text": texts[uid], "token_ids": status.output_ids}
-            extra = {"error": status.error, "logprobs": status.logprobs, "prompt_logprobs": status.prompt_logprobs}
-            results.append(result | {k: v for k, v in extra.items() if v is not None})
-        return results
+        extras = ("error", "logprobs", "prompt_logprobs")
+        return [{"text": text, "token_ids": self.status_map[uid].output_ids}
+                | {k: v for k in extras if (v := getattr(self.status_map[uid], k)) is not None}
+                for uid, text in enumerate(self._decode_outputs(len(prompts)))]
 
     def _decode_outputs(self, n: int) -> List[str]:
         """Every output's text, one (parallel) tokenizer call per skip_special_tokens setting."""

@@ -44,15 +44,11 @@ class WorkerDied(RuntimeError):
     pass
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
+def _worker_setup(parent_pid: int, log_level: str, role: str) -> None:
+    if sys.platform.startswith("linux"):  # die with the parent
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _worker_setup(parent_pid: int, log_level: str, role: str) -> None:
-    _die_with_parent(parent_pid)
     setup_worker_process(role)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds through finally blocks, which close the sockets
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(message)s")

@@ -17,8 +17,10 @@ import torch
 from stage4_fast.attention import create_attention_backend, validate_attn_backend
 from stage4_fast.attention.base import HybridBackend
 from stage4_fast.core import Batch, Context, Req, SamplingParams, set_global_ctx
-from stage4_fast.kernel.ref import gather_rows, paged_attention_ref, quantize_kv, store_cache_ref
+from stage4_fast.kernel.ref import quantize_kv, store_cache_ref
 from stage4_fast.kvcache import MHAKVCache
+
+from .attention_ref import gather_rows, paged_attention_ref
 
 NUM_QO, NUM_KV, HEAD_DIM = 4, 2, 16
 

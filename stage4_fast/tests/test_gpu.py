@@ -17,8 +17,9 @@ import itertools
 import pytest
 import torch
 
-from stage4_fast.kernel.ref import fused_experts_ref, indexing_ref, paged_attention_ref, quantize_kv, store_cache_ref
+from stage4_fast.kernel.ref import fused_experts_ref, indexing_ref, quantize_kv, store_cache_ref
 
+from .attention_ref import paged_attention_ref
 from .conftest import REPO, prepared_model
 from .fast_helpers import hf_generate, llm_generate
 from .test_attention_backends import World, check_decode, check_graph_hooks, check_prefill

@@ -8,7 +8,6 @@ import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package (the [test] extra installs it)")
 
-from stage4_fast.kernel.ref import paged_attention_ref  # noqa: E402
 from stage4_fast.kernel.triton_attention import decode_attention  # noqa: E402
 from stage4_fast.kernel.triton_prefill import (  # noqa: E402
     prefill_attention,
@@ -16,6 +15,8 @@ from stage4_fast.kernel.triton_prefill import (  # noqa: E402
     prefill_block_map,
     prefill_block_map_capacity,
 )
+
+from .attention_ref import paged_attention_ref  # noqa: E402
 
 
 def _paged_setup(seed: int, seq_lens: list[int], num_kv_heads: int, head_dim: int, width: int = 64):
