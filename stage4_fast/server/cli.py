@@ -204,6 +204,8 @@ def _add_scheduling_args(p: ServerArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
                    help="what the KV cache stores: auto = the model's dtype; fp8 halves a 16-bit model's bytes per "
                         "token (per-layer scales from the checkpoint, else 1.0)")
+    g.add_argument("--calculate-kv-scales", action="store_true",
+                   help="fp8 KV without checkpoint scales: per-layer scales from a calibration prefill (vLLM's flag)")
     g.add_argument("--moe-backend", choices=["auto", *SUPPORTED_MOE_BACKENDS.supported_names()], default="auto",
                    help=f"MoE models: one of {moe}; auto = fused on a GPU, torch on CPU")
     g.add_argument("--cuda-graph-max-bs", "--graph", dest="cuda_graph_max_bs", type=_non_negative_int,
