@@ -57,9 +57,9 @@ def kv_config(name: str) -> dict:
 
 def calibration_absmax(path: Path, **config) -> torch.Tensor:
     """[2 (k/v), layers, kv_heads] absmax of K and V over the engine's own calibration prefill (--calculate-kv-scales),
-    recorded where the torch backend stores them; its per-layer maxima / headroom are the engine's scales."""
+    recorded where the torch backend stores them; its per-layer maxima give the engine's scales."""
     from stage4_fast.engine import Engine, EngineConfig
-    from stage4_fast.engine.engine import KV_SCALE_HEADROOM
+    from stage4_fast.engine.engine import kv_scales_from_absmax
     from stage4_fast.kvcache import MHAKVCache
 
     seen, store = {}, MHAKVCache.store_kv
@@ -71,8 +71,8 @@ def calibration_absmax(path: Path, **config) -> torch.Tensor:
     with patch.object(MHAKVCache, "store_kv", recording):
         engine = Engine(EngineConfig(str(path), **config, **kv_config("fp8_e4m3" + CALC)))
     absmax = torch.stack([seen[i] for i in range(len(seen))], dim=1)
-    per_layer = absmax.amax(-1) / torch.tensor(KV_SCALE_HEADROOM)[:, None]
-    assert torch.allclose(per_layer, torch.tensor([engine.kv_cache.k_scales, engine.kv_cache.v_scales])), \
+    per_layer = kv_scales_from_absmax(absmax.amax(-1))
+    assert torch.equal(per_layer, torch.tensor([engine.kv_cache.k_scales, engine.kv_cache.v_scales])), \
         "the recorded calibration is not the engine's"
     engine.shutdown()
     return absmax
@@ -164,11 +164,11 @@ def run_cpu(args: argparse.Namespace) -> dict:
     ref_logits = teacher_forced(path, prompts, ref_tokens, **common)
     rows = {}
     if args.simulate:
-        from stage4_fast.engine.engine import KV_SCALE_HEADROOM
+        from stage4_fast.engine.engine import kv_scales_from_absmax
 
         absmax = calibration_absmax(path, **common)
-        per_head = absmax / torch.tensor(KV_SCALE_HEADROOM)[:, None, None]
-        sims = {"sim:per-layer": per_head.amax(-1, keepdim=True).expand_as(per_head), "sim:per-head": per_head}
+        per_layer = kv_scales_from_absmax(absmax.amax(-1, keepdim=True)).expand_as(absmax)
+        sims = {"sim:per-layer": per_layer, "sim:per-head": kv_scales_from_absmax(absmax)}
     for kv in [*args.kv, *(SIMULATED if args.simulate else ())]:
         t0 = time.perf_counter()
         sim = kv in SIMULATED

@@ -55,12 +55,21 @@ class ForwardOutput(NamedTuple):
 
 
 # --calculate-kv-scales: a layer's K / V scale is its absmax over this text / headroom (vLLM's K_SCALE_CONSTANT and
-# V_SCALE_CONSTANT): the largest value seen is stored as 200 (K) or 100 (V), room up to e4m3's 448 for larger ones
+# V_SCALE_CONSTANT), leaving room up to e4m3's 448 for larger values than the text's
 KV_SCALE_HEADROOM = (200.0, 100.0)
 KV_CALIBRATION_TEXT = (
     "The quick brown fox jumps over the lazy dog. In 1969 two astronauts walked on the Moon while a third orbited "
     "above them. To sort a list, compare each pair of neighbours and swap them until nothing moves.\n"
     "User: What is the capital of France?\nAssistant: The capital of France is Paris.")
+
+
+def kv_scales_from_absmax(absmax: torch.Tensor) -> torch.Tensor:
+    """[2 (k/v), ...] absmax -> scales: absmax / KV_SCALE_HEADROOM rounded up to a power of two (1.0 where absmax
+    is 0). Unlike vLLM's: dividing by a power of two re-rounds no value of e4m3's normal range, it only lifts smaller
+    ones (which lose mantissa bits) into it; a scale <= 1 stores no value up to 448 x scale worse than 1.0 does."""
+    headroom = torch.tensor(KV_SCALE_HEADROOM, device=absmax.device).view(2, *[1] * (absmax.dim() - 1))
+    return torch.where(absmax > 0, torch.exp2(torch.ceil(torch.log2(absmax / headroom))), 1.0)
+
 
 # Engine.warm_up_gemms: every 16th row count (cuBLAS mostly reuses its choice in between), at most 512 of them
 GEMM_WARM_UP_STEP = 16
@@ -229,10 +238,8 @@ class Engine:
             ids = []
         if len(set(ids)) < 16 or max(ids) >= vocab_size:  # no real tokenizer: fixed ids spread over the vocabulary
             ids = [i * 7919 % vocab_size for i in range(1, 97)]
-        ids = ids[: self.max_seq_len]
-        n, backend = len(ids), self.attn_backend
+        n, backend, forward = min(len(ids), self.max_seq_len), self.attn_backend, self.attn_backend.forward
         absmax = torch.zeros(2, self.kv_cache.num_layers, device=self.device)
-        forward = backend.forward
 
         def recording_forward(q, k, v, layer_id, batch, kv_stored=False):
             absmax[:, layer_id] = torch.stack([k.abs().max(), v.abs().max()]).float()
@@ -241,7 +248,7 @@ class Engine:
         batch = padding_prefill_batch(self.dummy_req, [n])
         batch.positions = batch.out_loc = torch.arange(n, dtype=torch.int32, device=self.device)
         self.page_table[self.dummy_req.table_idx, :n] = batch.out_loc
-        batch.input_ids = torch.tensor(ids, dtype=torch.int32, device=self.device)
+        batch.input_ids = torch.tensor(ids[:n], dtype=torch.int32, device=self.device)
         backend.forward = recording_forward  # the layers call ctx.attn_backend.forward
         try:
             with torch.inference_mode(), self.ctx.forward_batch(batch):
@@ -249,8 +256,7 @@ class Engine:
                 self.model.forward()
         finally:
             del backend.forward
-        headroom = torch.tensor(KV_SCALE_HEADROOM, device=self.device)[:, None]
-        k, v = torch.where(absmax > 0, absmax / headroom, 1.0).tolist()
+        k, v = kv_scales_from_absmax(absmax).tolist()
         self.kv_cache.set_scales(k, v)
         return f", KV scales from {n} calibration tokens (K {min(k):.3g}-{max(k):.3g}, V {min(v):.3g}-{max(v):.3g})"
 
