@@ -221,7 +221,9 @@ SERVER_FLAGS = {  # option -> CLI flag of `python -m <stage>`
     "attention_backend": "--attention-backend", "kv_cache_dtype": "--kv-cache-dtype",
     "stream_interval": "--stream-interval", "api_server_count": "--api-server-count",  # (stage4 only)
 }
-SERVER_SWITCHES = {"enable_mixed_chunk": "--enable-mixed-chunk"}  # option -> flag given when the option is true
+SERVER_SWITCHES = {  # option -> flag given when the option is true
+    "enable_mixed_chunk": "--enable-mixed-chunk", "calculate_kv_scales": "--calculate-kv-scales",
+}
 SERVER_OFF_SWITCHES = {  # ... given when it is false
     "prefill_cuda_graph": "--disable-prefill-cuda-graph", "overlap_scheduling": "--disable-overlap-schedule",
 }

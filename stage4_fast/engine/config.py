@@ -26,6 +26,7 @@ class EngineConfig:
     prefill_cuda_graph: bool | None = None  # None: on a GPU with graphs on; True: also emulated on a CPU
     page_size: int = 1
     kv_cache_dtype: str = "auto"  # what the KV pool stores: "auto" (the model's dtype) or kvcache/dtype.py's names
+    calculate_kv_scales: bool = False  # fp8 KV without checkpoint scales: per-layer scales from a calibration prefill
     memory_ratio: float = 0.9
     distributed_timeout: float = 60.0
     use_dummy_weight: bool = False

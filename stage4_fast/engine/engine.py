@@ -36,7 +36,7 @@ from ..utils.device import (
     stream_context,
     synchronize,
 )
-from ..utils.hf import resolve_model_path
+from ..utils.hf import load_tokenizer, resolve_model_path
 from .config import EngineConfig
 from .graph import GraphRunner
 from .prefill_graph import PrefillGraphRunner, padding_prefill_batch, prefill_graph_problem, prefill_graph_sizes
@@ -53,6 +53,23 @@ class ForwardOutput(NamedTuple):
     next_tokens_cpu: torch.Tensor  # host copy; valid once copy_done_event has completed
     copy_done_event: Event
     logprobs: BatchLogprobs | None = None  # host copies, for the requests that asked (valid with the tokens)
+
+
+# --calculate-kv-scales: a layer's K / V scale is its absmax over this text / headroom (vLLM's K_SCALE_CONSTANT and
+# V_SCALE_CONSTANT), leaving room up to e4m3's 448 for larger values than the text's
+KV_SCALE_HEADROOM = (200.0, 100.0)
+KV_CALIBRATION_TEXT = (
+    "The quick brown fox jumps over the lazy dog. In 1969 two astronauts walked on the Moon while a third orbited "
+    "above them. To sort a list, compare each pair of neighbours and swap them until nothing moves.\n"
+    "User: What is the capital of France?\nAssistant: The capital of France is Paris.")
+
+
+def kv_scales_from_absmax(absmax: torch.Tensor) -> torch.Tensor:
+    """[2 (k/v), ...] absmax -> scales: absmax / KV_SCALE_HEADROOM rounded up to a power of two (1.0 where absmax
+    is 0). Unlike vLLM's: dividing by a power of two re-rounds no value of e4m3's normal range, it only lifts smaller
+    ones (which lose mantissa bits) into it; a scale <= 1 stores no value up to 448 x scale worse than 1.0 does."""
+    headroom = torch.tensor(KV_SCALE_HEADROOM, device=absmax.device).view(2, *[1] * (absmax.dim() - 1))
+    return torch.where(absmax > 0, torch.exp2(torch.ceil(torch.log2(absmax / headroom))), 1.0)
 
 
 # Engine.warm_up_gemms: every 16th row count (cuBLAS mostly reuses its choice in between), at most 512 of them
@@ -107,6 +124,8 @@ class Engine:
             self._create_backends(model_config)
             self.dummy_req = Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
                                  cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams())
+            if config.calculate_kv_scales and not self._checkpoint_kv_scales:  # before capture bakes them in
+                kv_scales = self._calculate_kv_scales()
             self.page_table[self.dummy_req.table_idx].fill_(self.num_pages * config.page_size)
             self.graph_runner = GraphRunner(
                 stream=self.stream, device=self.device, model=self.model, attn_backend=self.attn_backend,
@@ -146,6 +165,8 @@ class Engine:
             object.__setattr__(config, "attention_backend", resolve_auto_backend(device, config.dtype, kv_dtype))
         if why := kv_cache_dtype_problem(config.attention_backend, config.dtype, kv_dtype):
             raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype}: {why}")
+        if config.calculate_kv_scales and not is_fp8(kv_dtype):
+            raise ValueError(f"calculate_kv_scales needs an fp8 kv_cache_dtype, not {config.kv_cache_dtype!r}")
         if config.moe_backend == "auto":
             object.__setattr__(config, "moe_backend", resolve_auto_moe_backend(device))
         return config
@@ -200,6 +221,39 @@ class Engine:
             scales[match["kv"]][index] = value
         self.kv_cache.set_scales(scales["k"], scales["v"])
         return f", {len(found)} KV scales from the checkpoint" if found else ", KV scales 1.0"
+
+    def _calculate_kv_scales(self) -> str:
+        """Per-layer scales from data, as vLLM's --calculate-kv-scales: one prefill of KV_CALIBRATION_TEXT in the
+        padding row (its slots from 0 on, free at start-up) records each layer's K and V absmax where the attention
+        backend receives them. Runs before graph capture, which bakes the scales in."""
+        vocab_size = self.config.model_config.vocab_size
+        try:
+            ids = load_tokenizer(self.config.model_path)(KV_CALIBRATION_TEXT).input_ids
+        except (OSError, ValueError):
+            ids = []
+        if len(set(ids)) < 16 or max(ids) >= vocab_size:  # no real tokenizer: fixed ids spread over the vocabulary
+            ids = [i * 7919 % vocab_size for i in range(1, 97)]
+        n, backend, forward = min(len(ids), self.max_seq_len), self.attn_backend, self.attn_backend.forward
+        absmax = torch.zeros(2, self.kv_cache.num_layers, device=self.device)
+
+        def recording_forward(q, k, v, layer_id, batch, kv_stored=False):
+            absmax[:, layer_id] = torch.stack([k.abs().max(), v.abs().max()]).float()
+            return forward(q, k, v, layer_id, batch, kv_stored)
+
+        batch = padding_prefill_batch(self.dummy_req, [n])
+        batch.positions = batch.out_loc = torch.arange(n, dtype=torch.int32, device=self.device)
+        self.page_table[self.dummy_req.table_idx, :n] = batch.out_loc
+        batch.input_ids = torch.tensor(ids[:n], dtype=torch.int32, device=self.device)
+        backend.forward = recording_forward  # the layers call ctx.attn_backend.forward
+        try:
+            with torch.inference_mode(), self.ctx.forward_batch(batch):
+                backend.prepare_metadata(batch)
+                self.model.forward()
+        finally:
+            del backend.forward
+        k, v = kv_scales_from_absmax(absmax).tolist()
+        self.kv_cache.set_scales(k, v)
+        return f", KV scales from {n} calibration tokens (K {min(k):.3g}-{max(k):.3g}, V {min(v):.3g}-{max(v):.3g})"
 
     def _num_pages(self) -> int:
         config = self.config

@@ -6,7 +6,7 @@ import torch
 
 from ..utils import Registry
 from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache, InsertResult, MatchResult, SizeInfo
-from .dtype import KV_CACHE_DTYPE_CHOICES, KV_CACHE_DTYPES, kv_cache_dtype_name, resolve_kv_cache_dtype
+from .dtype import KV_CACHE_DTYPE_CHOICES, KV_CACHE_DTYPES, is_fp8, kv_cache_dtype_name, resolve_kv_cache_dtype
 from .mha_pool import MHAKVCache
 from .naive_cache import NaivePrefixCache
 from .radix_cache import RadixPrefixCache
@@ -36,6 +36,6 @@ def create_prefix_cache(device: torch.device, type: str, page_size: int = 1) -> 
 __all__ = [
     "BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "InsertResult", "KV_CACHE_DTYPES",
     "KV_CACHE_DTYPE_CHOICES", "MHAKVCache", "MatchResult", "NaivePrefixCache", "RadixPrefixCache",
-    "SUPPORTED_CACHE_MANAGER", "SizeInfo", "create_kvcache_pool", "create_prefix_cache", "kv_cache_dtype_name",
-    "resolve_kv_cache_dtype",
+    "SUPPORTED_CACHE_MANAGER", "SizeInfo", "create_kvcache_pool", "create_prefix_cache", "is_fp8",
+    "kv_cache_dtype_name", "resolve_kv_cache_dtype",
 ]

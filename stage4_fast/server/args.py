@@ -13,7 +13,7 @@ import torch
 
 from ..attention import kv_cache_dtype_problem
 from ..distributed import DistributedInfo
-from ..kvcache import resolve_kv_cache_dtype
+from ..kvcache import is_fp8, resolve_kv_cache_dtype
 from ..scheduler.config import SchedulerConfig
 from ..utils.hf import cached_load_hf_config, tp_split_problem
 from .cli import DTYPES, build_parser, prog_name
@@ -193,6 +193,8 @@ def parse_args(args: List[str], run_shell: bool = False, prog: str | None = None
     backend = kwargs["attention_backend"]
     if backend != "auto" and (why := kv_cache_dtype_problem(backend, dtype, kv_dtype)):
         parser.error(f"--kv-cache-dtype {kwargs['kv_cache_dtype']}: {why}")
+    if kwargs["calculate_kv_scales"] and not is_fp8(kv_dtype):
+        parser.error(f"--calculate-kv-scales needs an fp8 --kv-cache-dtype, not {kwargs['kv_cache_dtype']}")
     server_args = ServerArgs(model_path=model_path, tp_info=DistributedInfo(0, tp), dtype=dtype,
                              served_model_name=served, model_aliases=aliases, **kwargs)
     return server_args, shell

@@ -176,6 +176,8 @@ def _add_scheduling_args(p: ServerArgumentParser) -> None:
                    default="auto", metavar="NAME", help=f"auto, one of {attn}, or PREFILL,DECODE (e.g. fa,fi)")
     g.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
                    help="auto = the model's dtype; fp8 halves the bytes per token (scales from the checkpoint)")
+    g.add_argument("--calculate-kv-scales", action="store_true",
+                   help="fp8 KV without checkpoint scales: per-layer scales from a calibration prefill (vLLM's flag)")
     g.add_argument("--moe-backend", choices=["auto", *SUPPORTED_MOE_BACKENDS.supported_names()], default="auto",
                    help=f"MoE models: one of {moe}; auto = fused on a GPU, torch on CPU")
     g.add_argument("--cuda-graph-max-bs", "--graph", dest="cuda_graph_max_bs", type=_non_negative_int,

@@ -1,22 +1,27 @@
 """``--kv-cache-dtype``: what the pool stores (rounding, saturation, scales), what it costs (bytes per token), where
-the scales come from (the checkpoint), and the start-up refusals. Accuracy end to end is the shared suite's
-``test_kv_cache_dtype.py`` and ``python -m bench kv-accuracy``."""
+the scales come from (the checkpoint, or ``--calculate-kv-scales``), and the start-up refusals. Accuracy end to end
+is the shared suite's ``test_kv_cache_dtype.py`` and ``python -m bench kv-accuracy``."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from stage4_fast.attention import kv_cache_dtype_problem, resolve_auto_backend
+from stage4_fast.core import SamplingParams, get_global_ctx
 from stage4_fast.engine import engine as engine_module
 from stage4_fast.kernel.ref import dequantize_kv, quantize_kv
 from stage4_fast.kvcache import MHAKVCache, resolve_kv_cache_dtype
+from stage4_fast.utils.hf import load_tokenizer
 
 from .conftest import make_engine, prepared_model
+from .teacher_forcing import stage_logits
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -85,6 +90,9 @@ def test_checkpoint_kv_scales_reach_the_pool_under_every_name(tiny_model, tmp_pa
     engine = make_engine(path, kv_cache_dtype="fp8_e4m3")
     assert engine.kv_cache.k_scales == [0.25, 2.0] and engine.kv_cache.v_scales == [1.0, 4.0]
     engine.shutdown()
+    engine = make_engine(path, kv_cache_dtype="fp8_e4m3", calculate_kv_scales=True)  # the checkpoint's scales win
+    assert engine.kv_cache.k_scales == [0.25, 2.0] and engine.kv_cache.v_scales == [1.0, 4.0]
+    engine.shutdown()
     engine = make_engine(path)  # not an fp8 pool: the scales are read (not an unexpected weight) and left unused
     assert engine.kv_cache.k_scales == [1.0, 1.0] and engine.kv_cache.dtype == torch.float32
     engine.shutdown()
@@ -94,7 +102,6 @@ def test_checkpoint_kv_scales_change_what_is_stored(tiny_model, tmp_path):
     """A scale far from the values' range shows: K/V of magnitude ~1 divided by 1/1024 saturate at 448."""
     path = _with_kv_scales(tiny_model("qwen3"), tmp_path / "fp8", {"model.layers.0.self_attn.k_scale": 1 / 1024})
     engine = make_engine(path, kv_cache_dtype="fp8_e4m3")
-    from stage4_fast.core import SamplingParams
     from stage4_fast.engine import ManualBatcher
 
     batcher = ManualBatcher(engine)
@@ -116,12 +123,74 @@ def test_a_backend_that_cannot_read_fp8_is_refused_before_loading(tiny_model, mo
         make_engine(tiny_model("qwen3"), attention_backend="fa", kv_cache_dtype="fp8_e4m3")
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         make_engine(tiny_model("qwen3"), kv_cache_dtype="fp4")
+    with pytest.raises(ValueError, match="calculate_kv_scales needs an fp8 kv_cache_dtype, not 'bfloat16'"):
+        make_engine(tiny_model("qwen3"), kv_cache_dtype="bfloat16", calculate_kv_scales=True)
+
+
+def test_calculated_scales_are_each_layers_absmax_over_headroom_and_precede_capture(tiny_model, monkeypatch):
+    """One calibration prefill sets layer l's scales to its K absmax / 200 and V absmax / 100 (vLLM's constants),
+    rounded up to a power of two; they are in the pool when the decode graphs (emulated on a CPU) are captured,
+    which bake them in."""
+    path, ids = tiny_model("qwen3"), torch.randint(1, 512, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    monkeypatch.setattr(engine_module, "load_tokenizer", lambda model_path: lambda text: SimpleNamespace(input_ids=ids))
+    at_capture, graph_runner = [], engine_module.GraphRunner
+
+    def recording_graph_runner(**kwargs):
+        at_capture.append((list(get_global_ctx().kv_cache.k_scales), list(get_global_ctx().kv_cache.v_scales)))
+        return graph_runner(**kwargs)
+
+    monkeypatch.setattr(engine_module, "GraphRunner", recording_graph_runner)
+    engine = make_engine(path, kv_cache_dtype="fp8_e4m3", calculate_kv_scales=True, cuda_graph_max_bs=4)
+    scales = (engine.kv_cache.k_scales, engine.kv_cache.v_scales)
+    assert engine.graph_runner.max_graph_bs == 4 and at_capture == [scales] and scales[0] != [1.0, 1.0]
+    engine.shutdown()
+    from stage4_fast.engine import ManualBatcher
+
+    engine = make_engine(path)  # the reference: the same text's K and V in a full-precision pool
+    batcher = ManualBatcher(engine)
+    req = batcher.add_req(ids, SamplingParams(max_tokens=2))
+    batcher.step([req], "prefill")
+    slots = engine.page_table[req.table_idx, : len(ids)].long()
+    for kv, headroom in ((0, 200), (1, 100)):
+        cache = (engine.kv_cache.k_cache, engine.kv_cache.v_cache)[kv]
+        absmax = [cache(layer).flatten(1)[slots].abs().max().item() for layer in (0, 1)]
+        assert scales[kv][0] == 2.0 ** math.ceil(math.log2(absmax[0] / headroom))
+        # layer 1 reads layer 0's output from the calibration's fp8 pool: its absmax is near, not equal, the reference's
+        assert math.log2(scales[kv][1]).is_integer() and headroom / 2.2 < absmax[1] / scales[kv][1] <= headroom * 1.1
+    engine.shutdown()
+
+
+def test_calculated_scales_are_at_least_as_accurate_as_scale_one():
+    """SmolLM2 keeps small V (layer 0: median |v| 0.019), much of it below e4m3's smallest normal (2^-6) at scale
+    1.0. Teacher-forced on text unlike the calibration's, calculated scales bring the logits nearer the fp32 KV
+    cache's (a lower mean relative L2), and the shared suite's fp8_e4m3 bound (10.5, three times scale 1.0's largest
+    |logit difference| 3.45; 3.74 with calculated scales, bench/results/cpu-kv-cache.md) still exceeds twice theirs."""
+    path = prepared_model("smollm2")
+    tok = load_tokenizer(str(path))
+    texts = ["The Eiffel Tower was finished in 1889 for the World's Fair, and for forty years no building on Earth "
+             "stood taller than its iron frame.",
+             "def mean(xs):\n    if not xs:\n        raise ValueError('empty list')\n    return sum(xs) / len(xs)\n",
+             "Bees visit flowers to collect nectar, which they carry back to the hive and slowly turn into honey "
+             "over the summer months.",
+             "Dear team, the meeting on Thursday has moved to the large room on the third floor; please bring your "
+             "laptops and the quarterly numbers."]
+    ids = [tok(t).input_ids for t in texts]
+    prompts, forced = [i[:-10] for i in ids], [i[-10:] for i in ids]
+    common = dict(dtype=torch.float32, attention_backend="torch")
+    ref = stage_logits(path, prompts, forced, **common)
+    errors = {}
+    for calculate in (False, True):
+        logits = stage_logits(path, prompts, forced, **common, kv_cache_dtype="fp8_e4m3", calculate_kv_scales=calculate)
+        errors[calculate] = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).mean().item(), (logits - ref).abs().max()
+    assert errors[True][0] < errors[False][0], errors
+    assert 2 * errors[True][1] < 10.5, errors
 
 
 @pytest.mark.parametrize("flags,error", [
     (["--attn", "fa", "--kv-cache-dtype", "fp8_e5m2"], "'fa' cannot read KV stored as fp8_e5m2"),
     (["--attn", "fi", "--kv-cache-dtype", "fp8_e4m3", "--dtype", "float32"], "'fi' cannot read KV stored as"),
     (["--kv-cache-dtype", "fp8"], "invalid choice: 'fp8'"),
+    (["--calculate-kv-scales"], "--calculate-kv-scales needs an fp8 --kv-cache-dtype, not auto"),
 ])
 def test_cli_refuses_what_cannot_run(flags, error, capsys):
     from stage4_fast.server.args import parse_args

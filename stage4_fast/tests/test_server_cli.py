@@ -33,6 +33,7 @@ def _parse(tiny_dir: Path, *flags: str):
     (["--disable-radix-cache"], "cache_type", "naive"),
     (["--disable-overlap-schedule"], "overlap_scheduling", False),
     (["--enable-mixed-chunk"], "enable_mixed_chunk", True),
+    (["--kv-cache-dtype", "fp8_e4m3", "--calculate-kv-scales"], "calculate_kv_scales", True),
     (["--cache", "naive"], "cache_type", "naive"),
     (["--disable-cuda-graph"], "cuda_graph_max_bs", 0),
     (["--enforce-eager"], "cuda_graph_max_bs", 0),
