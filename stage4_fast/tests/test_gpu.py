@@ -585,26 +585,30 @@ def _forced_qwen3_shape() -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _qwen3_shape_logits(backend: str, kv: str) -> torch.Tensor:
+def _qwen3_shape_logits(backend: str, kv: str, calculate_kv_scales: bool = False) -> torch.Tensor:
     from .teacher_forcing import stage_logits
 
     prompts, forced, _ = _forced_qwen3_shape()
     return stage_logits(REPO / "models" / "qwen3-0.6b-shape", prompts, forced, attention_backend=backend,
-                        dtype=torch.bfloat16, kv_cache_dtype=kv, cuda_graph_max_bs=8)
+                        dtype=torch.bfloat16, kv_cache_dtype=kv, cuda_graph_max_bs=8,
+                        calculate_kv_scales=calculate_kv_scales)
 
 
+@pytest.mark.parametrize("calculate", [False, True], ids=["scale-1", "calculated-scales"])
 @pytest.mark.parametrize("kv", FP8)
 @pytest.mark.parametrize("backend", ["triton", "fi"])
-def test_fp8_kv_qwen3_shape_teacher_forced_against_bf16_kv(backend, kv):
+def test_fp8_kv_qwen3_shape_teacher_forced_against_bf16_kv(backend, kv, calculate):
+    """Also with --calculate-kv-scales: the scales set before capture reach the graphs' kernels (same bound)."""
     if not (REPO / "models" / "qwen3-0.6b-shape" / "config.json").exists():
         pytest.skip("python -m models make qwen3-0.6b-shape --device cuda")
     if backend not in _libs():
         pytest.skip(f"{backend}: library not installed on this machine")
-    ref, logits = _qwen3_shape_logits(backend, "auto"), _qwen3_shape_logits(backend, kv)
+    ref, logits = _qwen3_shape_logits(backend, "auto"), _qwen3_shape_logits(backend, kv, calculate)
     rel = ((logits - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[..., 0] - top2[..., 1]) > FP8_CLEAR_GAP
     agree = (logits.argmax(-1) == ref.argmax(-1))[clear].float().mean().item()
-    print(f"[{backend} {kv} vs bf16 KV, graphs] max rel. L2 {rel:.4f}, max |diff| {(logits - ref).abs().max():.3f}, "
+    label = f"{backend} {kv}{' calculated scales' if calculate else ''}"
+    print(f"[{label} vs bf16 KV, graphs] max rel. L2 {rel:.4f}, max |diff| {(logits - ref).abs().max():.3f}, "
           f"argmax agreement on clear steps {agree:.4f} ({int(clear.sum())}/{clear.numel()} clear)")
     assert rel < FP8_REL_L2_BOUND[kv] and agree == 1.0
