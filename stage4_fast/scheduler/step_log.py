@@ -18,7 +18,7 @@ MAX_ROWS = 4096
 
 @dataclass
 class StepLog:
-    path: str  # "": off (the marks are still taken: cheaper than a check per call)
+    path: str  # "": off (the marks are still taken, a few clock reads per loop, so callers need no checks)
     _rows: List[Dict[str, Any]] = field(default_factory=list)
     _marks: List[float] = field(default_factory=list)
     _wait_s: float = 0.0
