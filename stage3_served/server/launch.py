@@ -194,7 +194,10 @@ def launch_server(run_shell: bool = False, argv: List[str] | None = None,
     logging.basicConfig(level=config.effective_log_level.upper(), format="[%(asctime)s] %(levelname)s %(message)s")
     if announce is not None:
         print(announce(config), flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C (KeyboardInterrupt)
+    # SIGTERM unwinds like Ctrl-C (KeyboardInterrupt), and Ctrl-C does even where the launcher inherited an ignored
+    # SIGINT (a background job of a script), as it does in uvicorn's own handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     workers = WorkerSet(config)
     exit_code = 0
     try:
