@@ -11,7 +11,7 @@ class SchedulerConfig(EngineConfig):
     max_extend_tokens: int = 8192  # prefill tokens per step; a longer prompt is chunked across steps
     cache_type: str = "radix"  # "naive" | "radix"
     offline_mode: bool = False
-    overlap_scheduling: bool = True  # a field, one process runs both (upstream: only MINISGL_DISABLE_OVERLAP_...)
+    overlap_scheduling: bool = True  # a field; upstream has only MINISGL_DISABLE_OVERLAP_SCHEDULING (still read)
     # stage 3: makes the ipc:// addresses unique per server (the API server's pid; workers get a copy of the config)
     _unique_suffix: str = field(default_factory=lambda: f".pid={os.getpid()}")
 

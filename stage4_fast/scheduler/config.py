@@ -15,7 +15,7 @@ class SchedulerConfig(EngineConfig):
     decode_between_chunks: bool = True
     enable_mixed_chunk: bool = False  # SGLang's: running requests decode inside each prefill batch (in its budget)
     stream_interval: int = 1  # SGLang's (scheduler/stream_interval.py); 1 = every token as it comes
-    overlap_scheduling: bool = True  # a field, one process runs both (upstream: only MINISGL_DISABLE_OVERLAP_...)
+    overlap_scheduling: bool = True  # a field; upstream has only MINISGL_DISABLE_OVERLAP_SCHEDULING (still read)
     # stage 3: makes the ipc:// addresses unique per server (the API server's pid; workers get a copy of the config)
     _unique_suffix: str = field(default_factory=lambda: f".pid={os.getpid()}")
 
