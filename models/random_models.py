@@ -42,6 +42,14 @@ _TINY_COMMON = dict(
     bos_token_id=1, eos_token_id=2,
 )
 
+# what the full-size Qwen3 shapes below share (their weights are random; only the shapes matter)
+QWEN3_SHAPE: dict[str, Any] = dict(
+    model_type="qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+    hidden_act="silu", rope_theta=1_000_000.0, attention_bias=False, bos_token_id=1, eos_token_id=2)
+QWEN3_0_6B = dict(QWEN3_SHAPE, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True)
+
+
 RANDOM_MODELS: dict[str, RandomModelSpec] = {
     "tiny-qwen3": RandomModelSpec(
         "Qwen3 (q_norm/k_norm), 2 layers, hidden 64",
@@ -99,31 +107,19 @@ RANDOM_MODELS: dict[str, RandomModelSpec] = {
     ),
     "qwen3-0.6b-shape": RandomModelSpec(
         "Qwen3-0.6B shape (28 layers, hidden 1024, 16q/8kv heads, head_dim 128, vocab 151936), random bf16",
-        "Qwen3ForCausalLM",
-        dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-             num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
-             tie_word_embeddings=True, attention_bias=False, bos_token_id=1, eos_token_id=2),
-        tiny=False, dtype="bfloat16",
+        "Qwen3ForCausalLM", QWEN3_0_6B, tiny=False, dtype="bfloat16",
     ),
     # the same shape with the tokenizer's 49,152-entry vocabulary: every sampled id is a real token, so a served
     # stream carries text for each one (with 151,936 ids most would stream nothing)
     "qwen3-0.6b-shape-v49k": RandomModelSpec(
         "Qwen3-0.6B shape with a 49,152-token vocab (every id streams text), random bf16",
-        "Qwen3ForCausalLM",
-        dict(model_type="qwen3", vocab_size=VOCAB, hidden_size=1024, intermediate_size=3072,
-             num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
-             tie_word_embeddings=True, attention_bias=False, bos_token_id=1, eos_token_id=2),
-        tiny=False, dtype="bfloat16",
+        "Qwen3ForCausalLM", {**QWEN3_0_6B, "vocab_size": VOCAB}, tiny=False, dtype="bfloat16",
     ),
     "qwen3-8b-shape": RandomModelSpec(
         "Qwen3-8B shape (36 layers, hidden 4096, 32q/8kv heads), random bf16",
         "Qwen3ForCausalLM",
-        dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-             num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
-             tie_word_embeddings=False, attention_bias=False, bos_token_id=1, eos_token_id=2),
+        dict(QWEN3_SHAPE, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+             num_key_value_heads=8, tie_word_embeddings=False),
         tiny=False, dtype="bfloat16",
     ),
     # 48 layers are ~61 GB in bf16; `--layers N` makes a shallower copy (models/qwen3-30b-a3b-shape-<N>l), the
@@ -131,12 +127,10 @@ RANDOM_MODELS: dict[str, RandomModelSpec] = {
     "qwen3-30b-a3b-shape": RandomModelSpec(
         "Qwen3-30B-A3B shape (48 layers, hidden 2048, 128 experts top-8 of 768, 32q/4kv heads), random bf16",
         "Qwen3MoeForCausalLM",
-        dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-             num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", rope_theta=1_000_000.0,
-             tie_word_embeddings=False, attention_bias=False, num_experts=128, num_experts_per_tok=8,
-             moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-             output_router_logits=False, bos_token_id=1, eos_token_id=2),
+        dict(QWEN3_SHAPE, model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+             num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False, num_experts=128,
+             num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
+             mlp_only_layers=[], output_router_logits=False),
         tiny=False, dtype="bfloat16",
     ),
 }
