@@ -1,7 +1,6 @@
 """``n`` samples of each prompt, an engine request each, submitted at once (the radix cache shares the prefill).
 
-Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn with ``seed + j`` (as vLLM).
-"""
+Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn with ``seed + j`` (as vLLM)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ Processes: this one -> tokenizer worker(s) -> scheduler ranks -> detokenizer -> 
 
 Lifecycle (not upstream): ready means every worker acknowledged; Ctrl-C / SIGTERM stop all workers (they ignore
 SIGINT, get SIGTERM, are killed if they linger, die with a SIGKILLed parent); a dead worker brings the server down
-with a message naming it. With ``--nnodes N`` nodes other than 0 run only their ranks (``nodes.py``).
-"""
+with a message naming it. With ``--nnodes N`` nodes other than 0 run only their ranks (``nodes.py``)."""
 
 from __future__ import annotations
 
