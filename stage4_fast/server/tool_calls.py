@@ -64,7 +64,6 @@ class HermesStream:
 
 
 def parse_hermes(text: str) -> Tuple[str, List[Dict[str, Any]]]:
-    """A whole output: (content, calls)."""
     return HermesStream().feed(text, final=True)
 
 
