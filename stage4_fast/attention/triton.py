@@ -66,11 +66,9 @@ class TritonBackend(BaseAttnBackend):
     def __init__(self, config: ModelConfig):
         from ..kernel import triton_attention, triton_prefill
 
-        self._kernels = triton_attention
-        self._prefill = triton_prefill
+        self._kernels, self._prefill = triton_attention, triton_prefill
         ctx = get_global_ctx()
-        self.kv_cache = ctx.kv_cache
-        self.page_table = ctx.page_table
+        self.kv_cache, self.page_table = ctx.kv_cache, ctx.page_table
         self.device = self.page_table.device
         self.scale = config.head_dim**-0.5
         k0 = self.kv_cache.k_cache(0)

@@ -113,9 +113,8 @@ class Engine:
                                if model_config.linear_attn is not None else None)
             self.num_pages = self._num_pages()
             # one extra page at the end: the dummy request's (padding) slots
-            self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(
-                model_config, self.num_pages + 1, config.page_size, config.dtype, self.device, self.kv_dtype
-            )
+            self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(model_config, self.num_pages + 1, config.page_size,
+                                                                    config.dtype, self.device, self.kv_dtype)
             kv_scales = self._set_kv_scales(model_config)
             self.max_seq_len = min(config.max_seq_len, self.num_pages * config.page_size)
             self.page_table = self.ctx.page_table = torch.zeros(
