@@ -24,10 +24,8 @@ from .llm import LLM
 
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
                            "Qwen3_5ForCausalLM"})
-OPTIONS = frozenset(
-    {"page_size", "max_running_req", "num_pages", "attention_backend", "cache_type", "max_extend_tokens", "overlap",
-     "tp", "cuda_graph", "kv_cache_dtype"}
-)
+OPTIONS = frozenset({"page_size", "max_running_req", "num_pages", "attention_backend", "cache_type",
+                     "max_extend_tokens", "overlap", "tp", "cuda_graph", "kv_cache_dtype"})
 CAPABILITIES = frozenset({"batch", "sampling", "server"})
 
 # option name -> SchedulerConfig field

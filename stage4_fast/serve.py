@@ -1,7 +1,6 @@
 """`python -m stage4_fast.serve [flags]`: the server with every stage-4 default on — the main way to run this stage.
 
-It takes `python -m stage4_fast`'s flags, every choice on "auto", and prints what "auto" resolved to before starting.
-"""
+It takes `python -m stage4_fast`'s flags, every choice on "auto", and prints what "auto" resolved to before starting."""
 
 from __future__ import annotations
 

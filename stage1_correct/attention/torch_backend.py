@@ -93,9 +93,8 @@ class TorchBackend(BaseAttnBackend):
             qi = q[seg.q_start : seg.q_end].transpose(0, 1)[None]  # [1, Hq, ext, D]
             ki = k_slots[seg.kv_indices].transpose(0, 1)[None]  # [1, Hkv, S, D]
             vi = v_slots[seg.kv_indices].transpose(0, 1)[None]
-            oi = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=seg.mask, is_causal=seg.mask is None, scale=self.scale, enable_gqa=True
-            )
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=seg.mask, is_causal=seg.mask is None,
+                                                scale=self.scale, enable_gqa=True)
             out[seg.q_start : seg.q_end] = oi[0].transpose(0, 1)
         return out
 

@@ -17,11 +17,7 @@ from .base import BaseOP
 
 
 class _LinearTPImpl(BaseOP):
-    def __init__(self, full_isize: int, full_osize: int, local_isize: int, local_osize: int, has_bias: bool):
-        self.full_input_size = full_isize
-        self.full_output_size = full_osize
-        self.local_input_size = local_isize
-        self.local_output_size = local_osize
+    def __init__(self, local_isize: int, local_osize: int, has_bias: bool):
         self.weight = torch.empty(local_osize, local_isize)
         self.bias = torch.empty(local_osize) if has_bias else None
 
@@ -33,7 +29,7 @@ class LinearReplicated(_LinearTPImpl):
     """Full weight on every rank (e.g. the MoE router)."""
 
     def __init__(self, input_size: int, output_size: int, has_bias: bool):
-        super().__init__(input_size, output_size, input_size, output_size, has_bias)
+        super().__init__(input_size, output_size, has_bias)
 
 
 class LinearColParallelMerged(_LinearTPImpl):
@@ -41,8 +37,7 @@ class LinearColParallelMerged(_LinearTPImpl):
 
     def __init__(self, input_size: int, output_sizes: List[int], has_bias: bool):
         tp = get_tp_info().size
-        local_osize = sum(div_even(size, tp) for size in output_sizes)
-        super().__init__(input_size, sum(output_sizes), input_size, local_osize, has_bias)
+        super().__init__(input_size, sum(div_even(size, tp) for size in output_sizes), has_bias)
 
 
 class LinearQKVMerged(_LinearTPImpl):
@@ -52,9 +47,7 @@ class LinearQKVMerged(_LinearTPImpl):
         tp = get_tp_info().size
         qo_local = div_even(num_qo_heads, tp)
         kv_local = div_even(num_kv_heads, tp, allow_replicate=True)
-        full_osize = (num_qo_heads + 2 * num_kv_heads) * head_dim
-        local_osize = (qo_local + 2 * kv_local) * head_dim
-        super().__init__(hidden_size, full_osize, hidden_size, local_osize, has_bias)
+        super().__init__(hidden_size, (qo_local + 2 * kv_local) * head_dim, has_bias)
 
 
 class LinearRowParallel(_LinearTPImpl):
@@ -62,7 +55,7 @@ class LinearRowParallel(_LinearTPImpl):
 
     def __init__(self, input_size: int, output_size: int, has_bias: bool):
         tp = get_tp_info().size
-        super().__init__(input_size, output_size, div_even(input_size, tp), output_size, has_bias)
+        super().__init__(div_even(input_size, tp), output_size, has_bias)
 
 
 class LinearOProj(LinearRowParallel):

@@ -81,9 +81,7 @@ def pin(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host -> device copy that does not block the host on a GPU; the identity on CPU."""
-    if not is_cuda(device):
-        return t.to(device)
-    return pin(t, device).to(device, non_blocking=True)
+    return pin(t, device).to(device, non_blocking=True) if is_cuda(device) else t.to(device)
 
 
 def synchronize(device: torch.device) -> None:

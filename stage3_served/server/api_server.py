@@ -1,8 +1,7 @@
 """The OpenAI-compatible HTTP API (plain and SSE), models, health, stats, and upstream's /generate.
 
 What only the backend can check (prompt length, token ids) comes back as the request's first reply; we wait for it
-before answering, so even a streamed request the scheduler refuses gets a real 4xx status.
-"""
+before answering, so even a streamed request the scheduler refuses gets a real 4xx status."""
 
 from __future__ import annotations
 

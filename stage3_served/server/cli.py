@@ -1,8 +1,7 @@
 """The command line: upstream's flags plus vLLM's and SGLang's spellings; a mistake ends in one line.
 
 Prefix abbreviations are off (``--tokenizer`` would silently mean ``--tokenizer-count``); upstream's short forms
-(``--tp``, ``--shell``, ``--cache``) are aliases.
-"""
+(``--tp``, ``--shell``, ``--cache``) are aliases."""
 
 from __future__ import annotations
 

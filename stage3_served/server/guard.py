@@ -1,8 +1,7 @@
 """The front door (not upstream): Bearer auth, a body size limit, the request counter.
 
 An ASGI middleware sees every request before FastAPI reads a body; an oversized body is refused from its
-Content-Length or as soon as the bytes read exceed it.
-"""
+Content-Length or as soon as the bytes read exceed it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The OpenAPI document (`/openapi.json`, `/docs`) made to tell the truth about this server (not upstream).
 
 Each operation lists the statuses it answers with OpenAI's error body (its own and the front door's), not FastAPI's
-422; streamed answers are ``text/event-stream``; the model's bounds are filled in. Schemathesis checks it (tests).
-"""
+422; streamed answers are ``text/event-stream``; the model's bounds are filled in. Schemathesis checks it (tests)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Start-up checks (not upstream), before the model loads: a mistake costs one line, not a load and a traceback.
 
-The port is bound here and handed to uvicorn once the workers are ready, so nothing can take it in between.
-"""
+The port is bound here and handed to uvicorn once the workers are ready, so nothing can take it in between."""
 
 from __future__ import annotations
 

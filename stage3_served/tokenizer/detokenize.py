@@ -5,8 +5,7 @@ it does not end in U+FFFD; the last token flushes the rest, so the stream equals
 
 A character is at most 4 bytes, so only the last 3 non-empty tokens can start one that later tokens complete; when
 more are held and the text still ends in U+FFFD (no UTF-8), the text before those 3 is committed as decoding all ids
-gives it, instead of holding the stream to the end (as vLLM and SGLang do).
-"""
+gives it, instead of holding the stream to the end (as vLLM and SGLang do)."""
 
 from __future__ import annotations
 

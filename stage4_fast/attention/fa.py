@@ -71,11 +71,10 @@ class FlashAttentionBackend(BaseAttnBackend):
         meta: FAMetadata = batch.attn_metadata  # type: ignore[assignment]
         if not kv_stored:
             self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
-        result = self._varlen(
-            q, self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id), cu_seqlens_q=meta.cu_seqlens_q,
-            max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k, seqused_k=meta.cache_seqlens,
-            page_table=meta.page_table, softmax_scale=self.scale, causal=True,
-        )
+        result = self._varlen(q, self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id),
+                              cu_seqlens_q=meta.cu_seqlens_q, max_seqlen_q=meta.max_seqlen_q,
+                              max_seqlen_k=meta.max_seqlen_k, seqused_k=meta.cache_seqlens, page_table=meta.page_table,
+                              softmax_scale=self.scale, causal=True)
         return result[0] if isinstance(result, tuple) else result  # (out, lse)
 
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
@@ -95,7 +94,6 @@ class FlashAttentionBackend(BaseAttnBackend):
 
     def prepare_for_replay(self, batch: Batch) -> None:
         cap = self.capture
-        assert cap is not None
         meta: FAMetadata = batch.attn_metadata  # type: ignore[assignment]
         bs = batch.padded_size
         cap.cu_seqlens_k[: bs + 1].copy_(meta.cu_seqlens_k)

@@ -38,10 +38,7 @@ class LinearAttnMetadata:
 
 class HybridLinearAttnBackend(BaseAttnBackend):
     def __init__(self, full_backend: BaseAttnBackend, state_pool: LinearStatePool, config: LinearAttnConfig):
-        self.full = full_backend
-        self.state_pool = state_pool
-        self.config = config
-        self.device = state_pool.device
+        self.full, self.state_pool, self.config, self.device = full_backend, state_pool, config, state_pool.device
         # host: how many tokens each slot's state has absorbed (the check in prepare_metadata)
         self._state_len = [0] * state_pool.num_slots
         self._capture_slots: torch.Tensor | None = None

@@ -66,11 +66,9 @@ class TritonBackend(BaseAttnBackend):
     def __init__(self, config: ModelConfig):
         from ..kernel import triton_attention, triton_prefill
 
-        self._kernels = triton_attention
-        self._prefill = triton_prefill
+        self._kernels, self._prefill = triton_attention, triton_prefill
         ctx = get_global_ctx()
-        self.kv_cache = ctx.kv_cache
-        self.page_table = ctx.page_table
+        self.kv_cache, self.page_table = ctx.kv_cache, ctx.page_table
         self.device = self.page_table.device
         self.scale = config.head_dim**-0.5
         k0 = self.kv_cache.k_cache(0)
@@ -113,15 +111,13 @@ class TritonBackend(BaseAttnBackend):
         # an fp8 pool's scales (1.0 otherwise): plain floats, so a captured graph keeps them as kernel arguments
         scales = dict(k_scale=self.kv_cache.k_scales[layer_id], v_scale=self.kv_cache.v_scales[layer_id])
         if meta.is_decode:
-            return self._kernels.decode_attention(
-                q, k_slots, v_slots, self.page_table, meta.table_idx, meta.seq_lens, self.scale, meta.num_splits,
-                mid_o=meta.mid_o, mid_lse=meta.mid_lse, **scales,
-            )
+            return self._kernels.decode_attention(q, k_slots, v_slots, self.page_table, meta.table_idx, meta.seq_lens,
+                                                  self.scale, meta.num_splits, mid_o=meta.mid_o, mid_lse=meta.mid_lse,
+                                                  **scales)
         block_map = (self._prefill_block_m, meta.block_map) if meta.block_map is not None else None
-        return self._prefill.prefill_attention(
-            q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q, meta.seq_lens,
-            meta.max_seqlen_q, self.scale, block_map=block_map, **scales,
-        )
+        return self._prefill.prefill_attention(q, k_slots, v_slots, self.page_table, meta.table_idx, meta.cu_seqlens_q,
+                                               meta.seq_lens, meta.max_seqlen_q, self.scale, block_map=block_map,
+                                               **scales)
 
     # ---- prefill CUDA graph hooks (engine/prefill_graph.py) ----
     def supports_prefill_graph(self) -> bool:
@@ -151,9 +147,7 @@ class TritonBackend(BaseAttnBackend):
 
     def prepare_for_prefill_replay(self, batch: Batch) -> None:
         cap = self.prefill_capture
-        assert cap is not None
         meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
-        assert meta.block_map is not None
         for buffer, part in ((cap.cu_seqlens_q, meta.cu_seqlens_q), (cap.seq_lens, meta.seq_lens),
                              (cap.table_idx, meta.table_idx), (cap.block_map, meta.block_map)):
             buffer[: part.shape[0]].copy_(part)
@@ -181,7 +175,6 @@ class TritonBackend(BaseAttnBackend):
 
     def prepare_for_replay(self, batch: Batch) -> None:
         cap = self.capture
-        assert cap is not None
         meta: TritonMetadata = batch.attn_metadata  # type: ignore[assignment]
         bs = batch.padded_size
         cap.table_idx[:bs].copy_(meta.table_idx)

@@ -25,8 +25,7 @@ def init_process_group(tp_info: DistributedInfo, addr: str, device: torch.device
         return None
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, init_method=addr, rank=tp_info.rank, world_size=tp_info.size,
-                            timeout=timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+                            timeout=timedelta(seconds=timeout_s), device_id=device if device.type == "cuda" else None)
     if backend == "gloo":
         return dist.group.WORLD
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))

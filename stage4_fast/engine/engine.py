@@ -113,9 +113,8 @@ class Engine:
                                if model_config.linear_attn is not None else None)
             self.num_pages = self._num_pages()
             # one extra page at the end: the dummy request's (padding) slots
-            self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(
-                model_config, self.num_pages + 1, config.page_size, config.dtype, self.device, self.kv_dtype
-            )
+            self.kv_cache = self.ctx.kv_cache = create_kvcache_pool(model_config, self.num_pages + 1, config.page_size,
+                                                                    config.dtype, self.device, self.kv_dtype)
             kv_scales = self._set_kv_scales(model_config)
             self.max_seq_len = min(config.max_seq_len, self.num_pages * config.page_size)
             self.page_table = self.ctx.page_table = torch.zeros(
@@ -139,7 +138,6 @@ class Engine:
         config = self.config
         self.attn_backend = self.ctx.attn_backend = create_attention_backend(config.attention_backend, model_config)
         if self.state_pool is not None:
-            assert model_config.linear_attn is not None
             self.attn_backend = self.ctx.attn_backend = HybridLinearAttnBackend(self.attn_backend, self.state_pool,
                                                                                 model_config.linear_attn)
         if model_config.is_moe:
@@ -150,11 +148,9 @@ class Engine:
         config, runner, tp = self.config, self.graph_runner, self.config.tp_info
         graphs = (f"{'emulated' if runner.emulated else 'CUDA'} graphs for batch sizes up to {runner.max_graph_bs}"
                   if runner.max_graph_bs else "no graphs")
-        logger.info(
-            "rank %d/%d on %s: attention %s, MoE %s, %s, %d KV pages of %d in %s%s", tp.rank, tp.size, self.device,
-            config.attention_backend, config.moe_backend if config.model_config.is_moe else "-", graphs,
-            self.num_pages, config.page_size, kv_cache_dtype_name(self.kv_dtype), kv_scales,
-        )
+        logger.info("rank %d/%d on %s: attention %s, MoE %s, %s, %d KV pages of %d in %s%s", tp.rank, tp.size,
+                    self.device, config.attention_backend, config.moe_backend if config.model_config.is_moe else "-",
+                    graphs, self.num_pages, config.page_size, kv_cache_dtype_name(self.kv_dtype), kv_scales)
 
     @staticmethod
     def _adjust_config(config: EngineConfig, device: torch.device) -> EngineConfig:
@@ -214,7 +210,6 @@ class Engine:
         scales = {"k": [1.0] * self.kv_cache.num_layers, "v": [1.0] * self.kv_cache.num_layers}
         for name, value in found.items():
             match = KV_SCALE_NAME.search(name)
-            assert match is not None
             index = model_config.kv_layer_index(int(match["layer"]))
             if index is None or index >= self.kv_cache.num_layers:
                 raise ValueError(f"KV scale {name!r} names a layer without a KV cache")

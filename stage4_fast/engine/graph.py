@@ -90,20 +90,17 @@ class GraphCaptureBuffer:
     input_ids: torch.Tensor  # [max_bs] int32
     out_loc: torch.Tensor  # [max_bs] int32
     positions: torch.Tensor  # [max_bs] int32
-    logits: torch.Tensor  # [max_bs, vocab] in the model's dtype (what the LM head computes; eager returns the same)
+    logits: torch.Tensor  # [max_bs, vocab] in the model's dtype, as eager returns (fp32: a conversion per replay more)
 
     @classmethod
     def init(cls, bs: int, vocab_size: int, device: torch.device, dummy_slot: int = 0,
              logits_dtype: torch.dtype = torch.float32) -> GraphCaptureBuffer:
         # out_loc at the dummy slot: capture writes KV where nothing lives; not inference tensors: memos check versions
         with torch.inference_mode(False):
-            return cls(
-                input_ids=torch.zeros(bs, dtype=torch.int32, device=device),
-                out_loc=torch.full((bs,), dummy_slot, dtype=torch.int32, device=device),
-                positions=torch.zeros(bs, dtype=torch.int32, device=device),
-                # the model's dtype: fp32 would cost a conversion kernel per replay and change no value
-                logits=torch.empty(bs, vocab_size, dtype=logits_dtype, device=device),
-            )
+            return cls(input_ids=torch.zeros(bs, dtype=torch.int32, device=device),
+                       out_loc=torch.full((bs,), dummy_slot, dtype=torch.int32, device=device),
+                       positions=torch.zeros(bs, dtype=torch.int32, device=device),
+                       logits=torch.empty(bs, vocab_size, dtype=logits_dtype, device=device))
 
     def set_batch(self, batch: Batch) -> None:
         """Make the capture batch's inputs views of the buffers."""

@@ -1,6 +1,5 @@
-"""Batched sampling: every request has its own temperature / top-k / top-p, all handled in one call.
-
-Stage 4 adds the API's fields (``sampling/``), free for a batch where no request uses them."""
+"""Batched sampling: every request has its own temperature / top-k / top-p, all handled in one call. Stage 4 adds
+the API's fields (``sampling/``), free for a batch where no request uses them."""
 
 from __future__ import annotations
 
@@ -170,9 +169,7 @@ class Sampler:
                                             make_device_tensor(list(ids), torch.int64, self.device),
                                             make_device_tensor(list(values), torch.float32, self.device))
         penalised = [(i, req) for i, req in sampled if req.sampling_params.has_penalty]
-        if penalised:
-            assert token_pool is not None, "penalties read the token pool"
-            args.penalties = self._penalty_args(penalised)
+        args.penalties = self._penalty_args(penalised) if penalised else None
         if grammar_on and any(grammar.has(req.uid) for _, req in sampled):
             # the mask itself waits for fill_grammar_mask: it needs the matchers to have seen the previous token
             args.grammar_uids = [req.uid if req.can_decode else None for req in batch.reqs]
@@ -252,10 +249,8 @@ class Sampler:
             if args.logit_bias is not None:
                 apply_logit_bias(logits, args.logit_bias)
             if args.penalties is not None:
-                assert args.token_pool is not None
                 apply_penalties(logits, args.token_pool, args.penalties)
             if args.grammar_bitmask is not None:
-                assert self.grammar is not None and args.grammar_rows is not None
                 self.grammar.apply(logits, args.grammar_bitmask, args.grammar_rows)
         if args.temperatures is None:  # an all-greedy batch
             return greedy_argmax(logits)

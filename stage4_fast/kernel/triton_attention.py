@@ -41,13 +41,12 @@ def _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visib
     if MASKED:
         slots = tl.load(PageTable + row * stride_pt + pos, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-    elif D_PADDED:
-        slots = tl.load(PageTable + row * stride_pt + pos).to(tl.int64)
-        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=d_mask[None, :],
-                    other=0.0)
     else:
         slots = tl.load(PageTable + row * stride_pt + pos).to(tl.int64)
+        kv_mask = d_mask[None, :]
+    if MASKED or D_PADDED:
+        k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    else:
         k = tl.load(K + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :])
     k = k.to(q.dtype)  # a no-op unless the pool stores another dtype (fp8)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
@@ -57,11 +56,8 @@ def _attend_key_block(q, acc, m_i, l_i, K, V, PageTable, row, pos, n_mask, visib
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
+    if MASKED or D_PADDED:
         v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-    elif D_PADDED:
-        v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=d_mask[None, :],
-                    other=0.0)
     else:
         v = tl.load(V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :])
     v = v.to(q.dtype)

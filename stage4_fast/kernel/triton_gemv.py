@@ -117,8 +117,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y:
     block_n, block_k, warps = GEMV_WIDE if n >= GEMV_WIDE_FROM else GEMV_NARROW
     residual, norm_weight, stream, eps = norm if norm is not None else (x, x, x, 0.0)  # unused without NORM
     pdl, pdl_options = pdl_launch(x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, residual, norm_weight, stream, n, k, weight.stride(0), eps,
-        HAS_BIAS=bias is not None, GATED=gated, NORM=norm is not None, HAS_RESIDUAL=has_residual, PDL=pdl,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl_options,
-    )
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, residual, norm_weight,
+                                             stream, n, k, weight.stride(0), eps, HAS_BIAS=bias is not None,
+                                             GATED=gated, NORM=norm is not None, HAS_RESIDUAL=has_residual, PDL=pdl,
+                                             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl_options)

@@ -33,9 +33,7 @@ def create_prefix_cache(device: torch.device, type: str, page_size: int = 1) -> 
     return SUPPORTED_CACHE_MANAGER[type](device, page_size)
 
 
-__all__ = [
-    "BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "InsertResult", "KV_CACHE_DTYPES",
-    "KV_CACHE_DTYPE_CHOICES", "MHAKVCache", "MatchResult", "NaivePrefixCache", "RadixPrefixCache",
-    "SUPPORTED_CACHE_MANAGER", "SizeInfo", "create_kvcache_pool", "create_prefix_cache", "is_fp8",
-    "kv_cache_dtype_name", "resolve_kv_cache_dtype",
-]
+__all__ = ["BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "InsertResult", "KV_CACHE_DTYPES",
+           "KV_CACHE_DTYPE_CHOICES", "MHAKVCache", "MatchResult", "NaivePrefixCache", "RadixPrefixCache",
+           "SUPPORTED_CACHE_MANAGER", "SizeInfo", "create_kvcache_pool", "create_prefix_cache", "is_fp8",
+           "kv_cache_dtype_name", "resolve_kv_cache_dtype"]

@@ -51,8 +51,7 @@ class AttentionLayer(StateLessOP):
             # 16-bit on a GPU: q/k norm and RoPE in one kernel that writes q and k contiguous, and this step's K/V
             # into the pool (quantized there for an fp8 pool); with a row scale it scales v in qkv too
             kv_stored = fused_kv_store_applies(ctx.kv_cache.dtype, qkv.dtype)
-            q, k = self._fused_qk(fused, qkv, ctx.batch.positions, ctx.batch.out_loc if kv_stored else None,
-                                  row_scale)
+            q, k = self._fused_qk(fused, qkv, ctx.batch.positions, ctx.batch.out_loc if kv_stored else None, row_scale)
         else:
             if row_scale is not None:
                 qkv = scale_by_rms_of(qkv, *row_scale)

@@ -80,10 +80,9 @@ def _wait_started(procs: List[mp.process.BaseProcess], pipes: List[mp.connection
                 pipe.recv()
             except EOFError:
                 proc.join(1.0)
-                raise RankDied(
-                    f"TP rank {rank} exited with code {proc.exitcode} before it started (its error is printed "
-                    "above). The ranks are spawned processes that re-import the main script: a script must "
-                    'create LLM(..., tp=...) under `if __name__ == "__main__":`.') from None
+                raise RankDied(f"TP rank {rank} exited with code {proc.exitcode} before it started (its error is "
+                               "printed above). The ranks are spawned processes that re-import the main script: a "
+                               'script must create LLM(..., tp=...) under `if __name__ == "__main__":`.') from None
 
 
 def join_followers(procs: List[mp.process.BaseProcess], timeout_s: float = 60.0) -> None:

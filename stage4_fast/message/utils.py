@@ -5,8 +5,7 @@ builds only the classes of a map the message modules pass in; a client's dict wi
 (``"__dict__"``), so no key can make the receiver build a message or a tensor.
 
 A list of messages of one class travels as columns (``"__columns__"``: one list per field, which msgpack packs in C);
-``encoded`` names the columns whose values are not plain, the only ones the receiver walks.
-"""
+``encoded`` names the columns whose values are not plain, the only ones the receiver walks."""
 
 from __future__ import annotations
 

@@ -30,9 +30,7 @@ def _rope_settings(cfg: Dict[str, Any]) -> Tuple[float, Dict[str, Any] | None]:
         theta = float(cfg.get("rope_theta", scaling.pop("rope_theta", 10000.0)))
     if "type" in scaling and "rope_type" not in scaling:
         scaling["rope_type"] = scaling.pop("type")
-    if scaling.get("rope_type", "default") == "default":
-        return theta, None
-    return theta, scaling
+    return theta, None if scaling.get("rope_type", "default") == "default" else scaling
 
 
 @dataclass(frozen=True)

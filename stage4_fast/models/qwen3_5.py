@@ -133,7 +133,6 @@ class GatedRopeAttn(BaseOP):
 class HybridDecoderLayer(BaseOP):
     def __init__(self, config: ModelConfig, layer_id: int):
         lin = config.linear_attn
-        assert lin is not None
         if lin.is_linear(layer_id):
             self.linear_attn = GatedDeltaNet(config, lin, lin.sub_index(layer_id))
         else:

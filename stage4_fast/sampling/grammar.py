@@ -53,12 +53,6 @@ def _compile_structural_tag(compiler: Any, source: str) -> Any:
     return compiler.compile_structural_tag(items, triggers)
 
 
-def _compile_error(kind: str, e: Exception) -> GrammarError:
-    # xgrammar's C++ errors start with "[time] path/to/file.cc:line: "
-    reason = re.sub(r"^\[[\d:]+\]\s+\S+:\d+:\s*", "", str(e).strip())
-    return GrammarError(f"{_UNSUPPORTED[kind]}: {reason}")
-
-
 class GrammarBackend:
     """A matcher per request with a grammar; a server builds the compiler (seconds) at start-up, in the background."""
 
@@ -120,7 +114,8 @@ class GrammarBackend:
             else:
                 compiled = compiler.compile_grammar(source)  # EBNF (GBNF-like), rule "root"
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own types
-            raise _compile_error(kind, e) from None
+            reason = re.sub(r"^\[[\d:]+\]\s+\S+:\d+:\s*", "", str(e).strip())  # C++ errors: "[time] file.cc:line: "
+            raise GrammarError(f"{_UNSUPPORTED[kind]}: {reason}") from None
         self.matchers[uid] = _xgrammar().GrammarMatcher(compiled)
 
     def remove(self, uid: int) -> None:

@@ -43,8 +43,6 @@ class ApiFieldsMixin:
             k = batch.reqs[i].sampling_params.logprobs
             out[i] = TokenLogprobs([tokens[i]], [values[j]], [top_ids[j][:k]], [top_values[j][:k]])
         if args.prompt_segments:
-            assert logprobs.prompt_token_logprobs is not None
-            assert logprobs.prompt_top_ids is not None and logprobs.prompt_top_logprobs is not None
             p_values, p_ids, p_top = (logprobs.prompt_token_logprobs.tolist(), logprobs.prompt_top_ids.tolist(),
                                       logprobs.prompt_top_logprobs.tolist())
             for i, start, count in args.prompt_segments:

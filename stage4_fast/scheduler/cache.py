@@ -81,9 +81,7 @@ class CacheManager:
         return allocated
 
     def _page_to_token(self, pages: torch.Tensor) -> torch.Tensor:
-        if self.page_size == 1:
-            return pages
-        return (pages.view(-1, 1) + self._page_offsets).view(-1)
+        return pages if self.page_size == 1 else (pages.view(-1, 1) + self._page_offsets).view(-1)
 
     def _free(self, indices: torch.Tensor) -> None:
         """Return the pages of a page-aligned run of token slots."""

@@ -103,7 +103,6 @@ class SchedulerIOMixin:
         return msgs
 
     def _broadcast(self, msgs: List[BaseBackendMsg]) -> None:
-        assert self._send_to_ranks is not None
         raws = [msgpack.packb(BaseBackendMsg.encoder(m), use_bin_type=True) for m in msgs]
         self._send_to_ranks.put_raw(msgpack.packb(raws, use_bin_type=True))
 

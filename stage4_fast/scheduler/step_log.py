@@ -40,11 +40,9 @@ class StepLog:
             return
         t = [*self._marks, time.perf_counter()]
         receive, schedule, launch, process = (1e3 * (b - a) for a, b in zip(t, t[1:]))
-        self._rows.append({
-            "t": t[0], "batch": kind, "reqs": reqs, "tokens": tokens, "msgs": msgs,
-            "receive_ms": receive, "schedule_ms": schedule, "launch_ms": launch, "process_ms": process,
-            "wait_ms": 1e3 * self._wait_s, "pending": pending, "running": running,
-        })
+        self._rows.append({"t": t[0], "batch": kind, "reqs": reqs, "tokens": tokens, "msgs": msgs,
+                           "receive_ms": receive, "schedule_ms": schedule, "launch_ms": launch, "process_ms": process,
+                           "wait_ms": 1e3 * self._wait_s, "pending": pending, "running": running})
         if len(self._rows) >= MAX_ROWS:
             self.flush()
 

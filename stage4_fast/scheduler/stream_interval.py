@@ -42,5 +42,4 @@ class StreamInterval:
 
     @property
     def held(self) -> int:
-        """Messages waiting for a later step."""
         return len(self._held)

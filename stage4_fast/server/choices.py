@@ -1,7 +1,6 @@
 """``n`` samples of each prompt, an engine request each, submitted at once (the radix cache shares the prefill).
 
-Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn with ``seed + j`` (as vLLM).
-"""
+Choice ``i * n + j`` is sample j of prompt i; with a seed, sample j is drawn with ``seed + j`` (as vLLM)."""
 
 from __future__ import annotations
 
@@ -16,18 +15,15 @@ from .frontend import BackendUnavailable, FrontendManager
 from .stream import Delta, DeltaStream, generate_deltas
 
 
-def choice_params(params: SamplingParams, n: int) -> List[SamplingParams]:
-    return [params] * n if params.seed is None else [replace(params, seed=(params.seed + j) % 2**63) for j in range(n)]
-
-
 def open_choices(frontend: FrontendManager, prompts: Sequence[object], params: SamplingParams, n: int,
                  stops: List[str], chat_options: Dict[str, Any] | None = None,
                  keep_stop: bool = False, user: str | None = None) -> List[DeltaStream]:
     """Every choice submitted now, in choice order; if one cannot be, those before it are aborted."""
     streams: List[DeltaStream] = []
+    each = [params] * n if params.seed is None else [replace(params, seed=(params.seed + j) % 2**63) for j in range(n)]
     try:
         for prompt in prompts:
-            for p in choice_params(params, n):
+            for p in each:
                 streams.append(generate_deltas(frontend, prompt, p, stops, chat_options, keep_stop,
                                                params.min_tokens, user))
     except BaseException:

@@ -5,8 +5,7 @@ Processes: this one -> tokenizer worker(s) -> scheduler ranks -> detokenizer -> 
 
 Lifecycle (not upstream): ready means every worker acknowledged; Ctrl-C / SIGTERM stop all workers (they ignore
 SIGINT, get SIGTERM, are killed if they linger, die with a SIGKILLed parent); a dead worker brings the server down
-with a message naming it. With ``--nnodes N`` nodes other than 0 run only their ranks (``nodes.py``).
-"""
+with a message naming it. With ``--nnodes N`` nodes other than 0 run only their ranks (``nodes.py``)."""
 
 from __future__ import annotations
 
@@ -145,8 +144,7 @@ class WorkerSet:
     def start_api_servers(self, info: dict, listener: socket.socket) -> None:
         """Start the N API server processes and wait for them (process 0 takes ``listener``)."""
         c = self.config
-        # other sockets may bind the port now (bound without the option, it was checked free); Linux spreads the
-        # connections over them
+        # the API server processes' sockets may bind the port too now; Linux spreads the connections over them
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self.metrics_dir = tempfile.mkdtemp(prefix=f"minisgl_metrics{c._unique_suffix}.")  # (named as the ipc files)
         created = int(time.time())

@@ -3,8 +3,7 @@
 An idle server runs no collective, so the ranks would not notice a lost machine. The launchers form a gloo group
 (store on node 0 at PORT+2); each posts a receive that completes only when a peer leaves: a word from one that stops
 cleanly, an error from one that died; the survivor stops too. A machine that vanishes without closing its sockets is
-left to the ranks' collective timeout.
-"""
+left to the ranks' collective timeout."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``qwen3``: an output that does not start with ``<think>`` is all content. ``deepseek-r1``: the template opens the
 block in the prompt (a ``<think>`` the model writes anyway is dropped). The block runs to ``</think>`` or to the end
-of an output cut short (a stream cannot take back what it sent).
-"""
+of an output cut short (a stream cannot take back what it sent)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``"auto"``: ``--tool-call-parser`` finds Hermes' ``<tool_call>{...}</tool_call>`` blocks; ``"required"`` or a named
 tool: a schema holds the output to JSON (vLLM's way). A stream sends each call once complete; a named tool's
-arguments stream as they come.
-"""
+arguments stream as they come."""
 
 from __future__ import annotations
 
@@ -65,7 +64,6 @@ class HermesStream:
 
 
 def parse_hermes(text: str) -> Tuple[str, List[Dict[str, Any]]]:
-    """A whole output: (content, calls)."""
     return HermesStream().feed(text, final=True)
 
 
