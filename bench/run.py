@@ -110,6 +110,8 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             # server started beside a live engine sizes its KV pool from what that engine left free)
             jobs += [Job(f"abl:kv:{kv}", "stage4_fast", ["offline"], {"kv_cache_dtype": kv})
                      for kv in ("auto", "fp8_e4m3")]
+            jobs.append(Job("abl:kv:fp8_e4m3-calculated", "stage4_fast", ["offline"],
+                            {"kv_cache_dtype": "fp8_e4m3", "calculate_kv_scales": True}))  # scales from data
             burst_parts = (("offline", "offline"), ("served", "serve_offline"))
             jobs += [Job(f"abl:kv:burst-{part}-{kv}", "stage4_fast", [task], {"kv_cache_dtype": kv}, BURST_MODEL)
                      for kv in ("auto", "fp8_e4m3") for part, task in burst_parts]
