@@ -114,6 +114,9 @@ def ablation_rows(results: dict) -> list[dict]:
         throughput("attention backend", "abl:attn:triton", "abl:attn:fi", "offline", "triton", "fi")
     if "abl:kv:auto" in results["jobs"]:
         throughput("KV cache dtype", "abl:kv:auto", "abl:kv:fp8_e4m3", "offline", "bf16 (auto)", "fp8_e4m3")
+    if "abl:kv:fp8_e4m3-calculated" in results["jobs"]:
+        throughput("fp8 KV scales", "abl:kv:fp8_e4m3", "abl:kv:fp8_e4m3-calculated", "offline", "scale 1.0",
+                   "--calculate-kv-scales")
     if "abl:kv:burst-served-auto" in results["jobs"]:
         throughput("KV cache dtype (server burst)", "abl:kv:burst-served-auto", "abl:kv:burst-served-fp8_e4m3",
                    "serve_offline", "bf16 (auto)", "fp8_e4m3")

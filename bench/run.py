@@ -110,6 +110,8 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             # server started beside a live engine sizes its KV pool from what that engine left free)
             jobs += [Job(f"abl:kv:{kv}", "stage4_fast", ["offline"], {"kv_cache_dtype": kv})
                      for kv in ("auto", "fp8_e4m3")]
+            jobs.append(Job("abl:kv:fp8_e4m3-calculated", "stage4_fast", ["offline"],
+                            {"kv_cache_dtype": "fp8_e4m3", "calculate_kv_scales": True}))  # scales from data
             burst_parts = (("offline", "offline"), ("served", "serve_offline"))
             jobs += [Job(f"abl:kv:burst-{part}-{kv}", "stage4_fast", [task], {"kv_cache_dtype": kv}, BURST_MODEL)
                      for kv in ("auto", "fp8_e4m3") for part, task in burst_parts]
@@ -120,6 +122,11 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             if "shapes" in (args.ablations or ()):  # only when named: its models take ~40 GB and minutes to make
                 jobs += [Job(f"abl:shapes:{name}", "stage4_fast", ["shape"], {}, path)
                          for name, path in shape_models().items()]
+                # the MoE shape once more without the fused backend's few-token path (fused_sorted: torch routing,
+                # the pairs always sorted by expert)
+                jobs += [Job(f"abl:shapes:{name}, fused_sorted", "stage4_fast", ["shape"],
+                             {"moe_backend": "fused_sorted"}, path) for name, path in shape_models().items() if
+                         "a3b" in name]
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")

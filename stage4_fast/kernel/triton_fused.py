@@ -141,8 +141,10 @@ def _to_pool(x, scale, SCALED: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT: tl
     out = x
     if FP8_MAX > 0:  # (one return: the compiler wants one return type, and a constexpr branch keeps the other)
         y = x.to(tl.float32)
-        if SCALED:  # a correctly rounded division is a few dozen instructions: only where a scale is not 1
+        if SCALED == 1:  # a correctly rounded division is a few dozen instructions: only where a scale is not 1
             y = tl.math.div_rn(y, scale)
+        elif SCALED == 2:  # power-of-two scales come inverted: times 2^-n is the quotient, exactly
+            y = y * scale
         y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
         out = _round_to_fp8_grid(y, FP8_MANT, FP8_MIN_EXP).to(cache_dtype)
     return out
@@ -192,14 +194,16 @@ def qk_norm_rope(qkv: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_d
         k_cache = v_cache = out_loc = q  # unused
         cache_stride, fp8_max, fp8_mant, fp8_min_exp = 0, 0.0, 0, 0
     hidden, hidden_eps = row_scale if row_scale is not None else (q, 0.0)  # q: unused
+    kv_scales = tuple(map(float, kv_scales))
+    scaled = 0 if kv_scales == (1.0, 1.0) else 2 if all(math.frexp(s)[0] == 0.5 for s in kv_scales) else 1
     assert row_scale is None or (hidden.dim() == 2 and hidden.shape[0] == T and hidden.stride(-1) == 1)
     pdl, pdl_options = pdl_launch(qkv.device)
     _qk_norm_rope_kernel[(T,)](
         qkv, qw, kw, cos_sin_cache, positions, q, k, k_cache, v_cache, out_loc, hidden, qkv.stride(0),
         cos_sin_cache.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache_stride, hidden.stride(0),
-        hidden.shape[-1], eps, hidden_eps, float(kv_scales[0]), float(kv_scales[1]), HQ=num_qo_heads, HKV=num_kv_heads,
-        D=head_dim, BLOCK_H=block_h, BLOCK_HKV=triton.next_power_of_2(num_kv_heads), HAS_NORM=has_norm,
-        STORE_KV=kv_store is not None, SCALED=tuple(kv_scales) != (1.0, 1.0), FP8_MAX=fp8_max, FP8_MANT=fp8_mant,
+        hidden.shape[-1], eps, hidden_eps, *(1 / s if scaled == 2 else s for s in kv_scales), HQ=num_qo_heads,
+        HKV=num_kv_heads, D=head_dim, BLOCK_H=block_h, BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+        HAS_NORM=has_norm, STORE_KV=kv_store is not None, SCALED=scaled, FP8_MAX=fp8_max, FP8_MANT=fp8_mant,
         FP8_MIN_EXP=fp8_min_exp, ROW_SCALE=row_scale is not None, BLOCK_HID=triton.next_power_of_2(hidden.shape[-1]),
         PDL=pdl, num_warps=4 if block_h * head_dim >= 2048 else 2, **pdl_options,
     )

@@ -1,6 +1,7 @@
 """Fused MoE: one grouped GEMM launch for every expert. (token, k) pairs are sorted by expert, each run padded to
 a multiple of BLOCK_M, so each row block has one expert; padding ids (= num_tokens * top_k) are masked. The
-alignment is torch with no host sync and worst-case sizes, so the MoE forward fits a CUDA graph.
+alignment is torch with no host sync and worst-case sizes, so the MoE forward fits a CUDA graph. A few tokens skip
+the sort: each pair gets a row block of its own (``unsorted_blocks``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import triton
 import triton.language as tl
 
 from . import triton_interpreting
+from .triton_fused import silu_and_mul
 
 CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 
@@ -65,6 +67,43 @@ def fused_moe_kernel(
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=token_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _topk_softmax_kernel(Logits, Weights, Ids, E, stride_l, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr,
+                         RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr):
+    # one program per token: softmax over its experts in fp32, then top-k as k rounds of arg-max (k is small)
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    x = tl.load(Logits + t * stride_l + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = p / tl.sum(p, 0)
+    ks = tl.arange(0, K_BLOCK)
+    weights = tl.zeros([K_BLOCK], dtype=tl.float32)
+    ids = tl.zeros([K_BLOCK], dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, offs, BLOCK_E), 0)  # a tie goes to the lower expert (padding lanes last)
+        weights = tl.where(ks == k, best, weights)
+        ids = tl.where(ks == k, idx, ids)
+        p = tl.where(offs == idx, -1.0, p)  # probabilities are >= 0: taken out of the next rounds
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, 0)
+    tl.store(Weights + t * TOP_K + ks, weights, mask=ks < TOP_K)
+    tl.store(Ids + t * TOP_K + ks, ids, mask=ks < TOP_K)
+
+
+def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``fused_topk`` (HF's router) in one launch, where torch takes five (softmax, top-k, sum, divide, cast):
+    logits [M, E] -> (weights [M, k] fp32, expert ids [M, k] int32)."""
+    m, e = gating_output.shape
+    weights = torch.empty(m, topk, dtype=torch.float32, device=gating_output.device)
+    ids = torch.empty(m, topk, dtype=torch.int32, device=gating_output.device)
+    if m:
+        _topk_softmax_kernel[(m,)](gating_output, weights, ids, e, gating_output.stride(0), TOP_K=topk,
+                                   K_BLOCK=triton.next_power_of_2(topk), RENORMALIZE=renormalize,
+                                   BLOCK_E=triton.next_power_of_2(e), num_warps=2)
+    return weights, ids
+
+
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int,
                          num_experts: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``sorted_ids`` [numel + E*(block-1)] (padding = numel), ``expert_ids`` (per row block) and
@@ -85,6 +124,21 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int,
     block_starts = torch.arange(triton.cdiv(max_padded, block_size), device=device) * block_size
     expert_ids = torch.searchsorted(padded_end, block_starts, right=True).clamp_(max=num_experts - 1)
     return sorted_ids, expert_ids.to(torch.int32), padded_end[-1:].to(torch.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_blocks(num_pairs: int, block_size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((num_pairs, block_size), num_pairs, dtype=torch.int32, device=device)
+    ids[:, 0] = torch.arange(num_pairs, dtype=torch.int32, device=device)
+    return ids.view(-1), torch.tensor([ids.numel()], dtype=torch.int32, device=device)
+
+
+def unsorted_blocks(topk_ids: torch.Tensor, block_size: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``moe_align_block_size``'s outputs for few tokens with no kernel at all: row block i holds pair i alone (its
+    other rows padding), its expert is ``topk_ids`` itself; the ids depend only on the pair count (cached). An expert
+    two pairs share is read twice, which the ~25 small kernels of the sort cost more than at a few tokens."""
+    sorted_ids, num_post_pad = _pair_blocks(topk_ids.numel(), block_size, topk_ids.device)
+    return sorted_ids, topk_ids.flatten().to(torch.int32), num_post_pad
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,20 +179,29 @@ def invoke_fused_moe_kernel(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, t
 
 
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, activation: str = "silu", config: Dict | None = None) -> torch.Tensor:
+                  topk_ids: torch.Tensor, activation: str = "silu", config: Dict | None = None,
+                  unsorted_max_tokens: int = 0) -> torch.Tensor:
     """hidden [M, H]; w1 [E, 2I, H] (gate then up); w2 [E, H, I]; topk [M, k] -> a new [M, H] tensor. ``config``:
-    the launch's tiles (and num_warps, num_stages), else the tuned or default ones for this M."""
+    the launch's tiles (and num_warps, num_stages), else the tuned or default ones for this M; up to
+    ``unsorted_max_tokens`` tokens the pairs are not sorted (``unsorted_blocks``)."""
     num_tokens, hidden = hidden_states.shape
     num_experts, two_i, _ = w1.shape
     top_k = topk_ids.shape[1]
     config = config or get_moe_config(num_tokens, num_experts, w2.shape[2], hidden_states.dtype)
-    sorted_ids, expert_ids, num_post_pad = moe_align_block_size(topk_ids, config["BLOCK_M"], num_experts)
+    if num_tokens <= unsorted_max_tokens:  # one pair per block: the smallest block tl.dot takes
+        config = {**config, "BLOCK_M": 16, "GROUP_M": 1}
+        sorted_ids, expert_ids, num_post_pad = unsorted_blocks(topk_ids, config["BLOCK_M"])
+    else:
+        sorted_ids, expert_ids, num_post_pad = moe_align_block_size(topk_ids, config["BLOCK_M"], num_experts)
     weights = topk_weights.to(torch.float32).contiguous().view(-1)
     gate_up = hidden_states.new_empty(num_tokens * top_k, two_i)
     invoke_fused_moe_kernel(hidden_states, w1, gate_up, weights, sorted_ids, expert_ids, num_post_pad,
                             False, top_k, config)
-    gate, up = gate_up.chunk(2, dim=-1)
-    act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation](gate) * up
+    if activation == "silu" and gate_up.dtype.itemsize == 2:
+        act = silu_and_mul(gate_up)  # one kernel
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[activation](gate) * up
     down = hidden_states.new_empty(num_tokens * top_k, hidden)
     invoke_fused_moe_kernel(act, w2, down, weights, sorted_ids, expert_ids, num_post_pad, True, 1, config)
     return down.view(num_tokens, top_k, hidden).sum(dim=1)

@@ -1,7 +1,9 @@
-"""MoE backends: ``fused`` (Triton grouped GEMM, the GPU default) and ``torch`` (reference, the CPU default)."""
+"""MoE backends: ``fused`` (Triton grouped GEMM, the GPU default; ``fused_sorted`` its ablation) and ``torch``
+(reference, the CPU default)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -12,6 +14,7 @@ from .topk import fused_topk
 
 SUPPORTED_MOE_BACKENDS: Registry[Callable[[], BaseMoeBackend]] = Registry("MoE backend")
 SUPPORTED_MOE_BACKENDS.register("fused")(FusedMoe)
+SUPPORTED_MOE_BACKENDS.register("fused_sorted")(functools.partial(FusedMoe, few_token_path=False))
 SUPPORTED_MOE_BACKENDS.register("torch")(TorchMoe)
 
 

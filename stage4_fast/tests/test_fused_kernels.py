@@ -116,7 +116,7 @@ def test_qk_norm_rope_stores_this_steps_kv_in_the_pool(dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.37, 3.0)])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.37, 3.0), (0.25, 4.0)])
 def test_qk_norm_rope_stores_this_steps_kv_into_an_fp8_pool(dtype, device, cache_dtype, scales):
     """Into an fp8 pool the kernel writes what the quantizing store kernel writes, bit for bit: the rotated k and
     the v rows divided by the layer's scales, saturated and rounded to nearest even (kernel/ref.py quantize_kv).

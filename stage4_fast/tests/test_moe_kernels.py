@@ -26,18 +26,29 @@ def _problem(seed: int, tokens: int, experts: int, hidden: int, inter: int, top_
     "tokens,experts,hidden,inter,top_k",
     [(1, 8, 64, 64, 2), (7, 8, 64, 32, 2), (33, 4, 48, 40, 3), (20, 16, 32, 24, 1), (3, 64, 32, 16, 4)],
 )
-def test_fused_experts_match_reference(tokens, experts, hidden, inter, top_k):
+@pytest.mark.parametrize("unsorted_max_tokens", [0, 64], ids=["sorted", "unsorted"])
+def test_fused_experts_match_reference(tokens, experts, hidden, inter, top_k, unsorted_max_tokens):
     x, w1, w2, logits = _problem(tokens, tokens, experts, hidden, inter, top_k)
     weights, ids = fused_topk(x, logits, top_k, renormalize=True)
-    torch.testing.assert_close(
-        fused_experts(x, w1, w2, weights, ids), fused_experts_ref(x, w1, w2, weights, ids), atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(fused_experts(x, w1, w2, weights, ids, unsorted_max_tokens=unsorted_max_tokens),
+                               fused_experts_ref(x, w1, w2, weights, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_unsorted_blocks_give_each_pair_a_block_of_its_own():
+    from stage4_fast.kernel.triton_moe import unsorted_blocks
+
+    ids = torch.tensor([[3, 1], [1, 0]])
+    sorted_ids, expert_ids, num_post_pad = unsorted_blocks(ids, 4)
+    assert sorted_ids.tolist() == [0, 4, 4, 4, 1, 4, 4, 4, 2, 4, 4, 4, 3, 4, 4, 4]  # padding = the pair count
+    assert expert_ids.tolist() == [3, 1, 1, 0] and num_post_pad.tolist() == [16]
 
 
 def test_fused_and_torch_backends_agree():
     x, w1, w2, logits = _problem(5, 9, 8, 32, 16, 2)
-    outs = [create_moe_backend(name).forward(x, w1, w2, logits, 2, True, "silu", False) for name in ("fused", "torch")]
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    names = ("fused", "fused_sorted", "torch")
+    outs = [create_moe_backend(name).forward(x, w1, w2, logits, 2, True, "silu", False) for name in names]
+    for out in outs[:2]:
+        torch.testing.assert_close(out, outs[2], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("block", [1, 4, 16])
@@ -57,6 +68,18 @@ def test_align_block_size_groups_pairs_by_expert(block):
         members = sorted_ids[blk * block : (blk + 1) * block]
         members = members[members < numel].long()
         assert (flat[members] == expert_ids[blk]).all()  # a block holds one expert's pairs
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 128, 8), (5, 60, 4), (3, 8, 8), (4, 16, 1)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_topk_softmax_kernel_matches_torch_routing(tokens, experts, top_k, renormalize):
+    from stage4_fast.kernel.triton_moe import topk_softmax
+
+    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(experts))
+    weights, ids = topk_softmax(logits, top_k, renormalize)
+    ref_weights, ref_ids = fused_topk(logits, logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, atol=1e-6, rtol=1e-6)
 
 
 def test_router_matches_hf_qwen3_moe():

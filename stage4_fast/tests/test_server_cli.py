@@ -143,7 +143,7 @@ def test_help_has_a_line_and_default_for_every_flag_and_names_the_backends(capsy
         assert action.help, action.option_strings
     parser.print_help()
     text = capsys.readouterr().out
-    assert "one of torch, triton, fi, fa" in text and "one of fused, torch" in text
+    assert "one of torch, triton, fi, fa" in text and "one of fused, fused_sorted, torch" in text
     for default in ("(default: 1919)", "(default: 256)", "(default: 8192)", "(default: radix)", "(default: auto)"):
         assert default in text
 

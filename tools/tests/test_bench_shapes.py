@@ -87,8 +87,11 @@ def test_the_shapes_group_runs_only_when_named(tmp_path):
     assert not any(j.key.startswith("abl:shapes:") for j in jobs)
     jobs, _, _ = run.plan(["stage4_fast"], argparse.Namespace(**base, ablations=["shapes"]), 1)
     shape_jobs = {j.key: j for j in jobs if j.key.startswith("abl:")}
-    assert set(shape_jobs) == {"abl:shapes:qwen3-8b-shape", f"abl:shapes:qwen3-30b-a3b-shape-{shapes.MOE_LAYERS}l"}
-    assert all(j.tasks == ["shape"] and j.model == REPO / "models" / j.key.split(":")[2] for j in shape_jobs.values())
+    moe = f"qwen3-30b-a3b-shape-{shapes.MOE_LAYERS}l"
+    assert set(shape_jobs) == {"abl:shapes:qwen3-8b-shape", f"abl:shapes:{moe}", f"abl:shapes:{moe}, fused_sorted"}
+    assert shape_jobs[f"abl:shapes:{moe}, fused_sorted"].options == {"moe_backend": "fused_sorted"}
+    assert all(j.tasks == ["shape"] and j.model == REPO / "models" / j.key.split(":")[2].split(",")[0]
+               for j in shape_jobs.values())
     assert shapes.make_command(f"qwen3-30b-a3b-shape-{shapes.MOE_LAYERS}l")[3:] == [
         "qwen3-30b-a3b-shape", "--device", "cuda", "--layers", str(shapes.MOE_LAYERS)]
 
