@@ -12,7 +12,8 @@ uniform routing, E * (1 - (1 - k/E)^B) (an estimate: trained routers are not uni
 token each request attends to. The offline floor sums these over the workload's decode steps as if every request
 ran from the start and the batch drained as requests finish: no schedule reads fewer weights (a smaller batch
 reads them more often) and every schedule reads the same KV, so it bounds any engine's rate from above. Prefill
-is left out (its compute, not its bytes, bounds it), which flatters the offline floor by a little.
+is left out (its compute, not its bytes, bounds it), which flatters the offline floor: most where a token's
+FLOPs are many, the dense 8B (bench/gpu_notes.md).
 """
 
 from __future__ import annotations
