@@ -13,7 +13,7 @@ token each request attends to. The offline floor sums these over the workload's 
 ran from the start and the batch drained as requests finish: no schedule reads fewer weights (a smaller batch
 reads them more often) and every schedule reads the same KV, so it bounds any engine's rate from above. Prefill
 is left out (its compute, not its bytes, bounds it), which flatters the offline floor: most where a token's
-FLOPs are many, the dense 8B (bench/gpu_notes.md).
+FLOPs are many, the dense 8B.
 """
 
 from __future__ import annotations
