@@ -51,7 +51,8 @@ class FusedMoe(BaseMoeBackend):
         from ..kernel import triton_moe  # Triton is needed only when this backend is used
 
         self._topk_softmax = triton_moe.topk_softmax if few_token_path else None
-        self._fused_experts = functools.partial(triton_moe.fused_experts, unsorted_max_tokens=4 * few_token_path)
+        unsorted_max_tokens = 4 if few_token_path else 0
+        self._fused_experts = functools.partial(triton_moe.fused_experts, unsorted_max_tokens=unsorted_max_tokens)
 
     def route(self, hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int,
               renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
