@@ -25,7 +25,7 @@ from . import meta
 from .adapters import ENGINES, LLM_STAGES, SERVER_STAGES
 from .meta import ROOT
 from .report import TITLE, ablation_rows, ablation_table, markdown, plot_all, stage_table
-from .shapes import make_command, shape_models
+from .shapes import MOE_SHAPE, make_command, shape_models
 from .stream_client import DEFAULT_HTTP_CLIENT
 from .workloads import SIZES, offline_workload
 
@@ -125,8 +125,8 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
                 # the MoE shape once more without the fused backend's few-token path (fused_sorted: torch routing,
                 # the pairs always sorted by expert)
                 jobs += [Job(f"abl:shapes:{name}, fused_sorted", "stage4_fast", ["shape"],
-                             {"moe_backend": "fused_sorted"}, path) for name, path in shape_models().items() if
-                         "a3b" in name]
+                             {"moe_backend": "fused_sorted"}, path)
+                         for name, path in shape_models().items() if name.startswith(MOE_SHAPE)]
         tp_model = _tp_model(args.model, 2)
         if args.gpu and gpus < 2:
             notes.append("TP 1 vs 2: needs 2 GPUs")

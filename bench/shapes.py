@@ -28,7 +28,8 @@ from .meta import ROOT
 # The Qwen3-30B-A3B shape at 16 of its 48 layers (~21 GB in bf16, the full depth ~61 GB): with the 8B shape
 # (16 GB) it leaves room on a 64 GiB disk for the environment, and making and loading it fits the group's minutes
 MOE_LAYERS = 16
-SHAPES = {"qwen3-8b-shape": None, "qwen3-30b-a3b-shape": MOE_LAYERS}  # name -> layers (None: full depth)
+MOE_SHAPE = "qwen3-30b-a3b-shape"
+SHAPES = {"qwen3-8b-shape": None, MOE_SHAPE: MOE_LAYERS}  # name -> layers (None: full depth)
 DECODE_LEN = 1024
 COPY_BYTES = 1 << 30
 
