@@ -9,6 +9,10 @@ from .meta import pct
 from .shapes import shape_rows
 
 TITLE = "# Benchmark: "  # what a results file written by `python -m bench` starts with
+# the served-burst jobs' keys in results written while they were part of the kv group
+_OLD_BURST_KEYS = {"abl:kv:burst-offline-auto": "abl:burst:offline", "abl:kv:burst-served-auto": "abl:burst:served",
+                   **{f"abl:kv:burst-{k}": f"abl:burst:{k}" for k in ("offline-fp8_e4m3", "served-fp8_e4m3",
+                                                                         "served-fp8_e4m3-step16k")}}
 LABELS = {"hf": "HF transformers", "stage0_tiny": "stage0_tiny", "stage1_correct": "stage1_correct",
           "stage2_scheduled": "stage2_scheduled", "stage3_served": "stage3_served", "stage4_fast": "stage4_fast"}
 
@@ -73,6 +77,8 @@ def ablation_rows(results: dict) -> list[dict]:
     a = results.get("ablation_stage")
     if a is None:
         return out
+    jobs = results["jobs"]  # an old key counts only where its new one is absent
+    results = {**results, "jobs": {**{_OLD_BURST_KEYS.get(k, k): j for k, j in jobs.items()}, **jobs}}
 
     def fail(name: str, *keys: str) -> bool:
         errs = [e for k in keys if (e := _err(results, k))]
@@ -117,8 +123,8 @@ def ablation_rows(results: dict) -> list[dict]:
     if "abl:kv:fp8_e4m3-calculated" in results["jobs"]:
         throughput("fp8 KV scales", "abl:kv:fp8_e4m3", "abl:kv:fp8_e4m3-calculated", "offline", "scale 1.0",
                    "--calculate-kv-scales")
-    if "abl:kv:burst-served-auto" in results["jobs"]:
-        throughput("KV cache dtype (server burst)", "abl:kv:burst-served-auto", "abl:kv:burst-served-fp8_e4m3",
+    if "abl:burst:served-fp8_e4m3" in results["jobs"]:
+        throughput("KV cache dtype (server burst)", "abl:burst:served", "abl:burst:served-fp8_e4m3",
                    "serve_offline", "bf16 (auto)", "fp8_e4m3")
     if "abl:tp:1" in results["jobs"]:
         throughput("tensor parallel (server)", "abl:tp:1", "abl:tp:2", "serve_offline", "TP 1", "TP 2")
@@ -199,14 +205,11 @@ def _served_burst_rows(results: dict, out: list[dict], fail: Callable[..., bool]
                     "effect": f"{y['tok_s'] / x['tok_s']:.0%} of offline",
                     "plot": [("output tok/s", x["tok_s"], y["tok_s"], "offline", "served")]})
 
-    if "abl:burst:served" in results["jobs"]:
-        served_burst("served burst", "abl:burst:offline", "abl:burst:served")
-    else:  # the KV group's bf16 pair is the same measurement (the model's dtype, the same model and workload)
-        served_burst("served burst", "abl:kv:burst-offline-auto", "abl:kv:burst-served-auto")
-    served_burst("served burst, fp8_e4m3 KV", "abl:kv:burst-offline-fp8_e4m3", "abl:kv:burst-served-fp8_e4m3")
-    if (step := results["jobs"].get("abl:kv:burst-served-fp8_e4m3-step16k")) is not None:
+    served_burst("served burst", "abl:burst:offline", "abl:burst:served")
+    served_burst("served burst, fp8_e4m3 KV", "abl:burst:offline-fp8_e4m3", "abl:burst:served-fp8_e4m3")
+    if (step := results["jobs"].get("abl:burst:served-fp8_e4m3-step16k")) is not None:
         served_burst(f"served burst, fp8_e4m3 KV, `--max-num-batched-tokens {step['options']['max_extend_tokens']}`",
-                     "abl:kv:burst-offline-fp8_e4m3", "abl:kv:burst-served-fp8_e4m3-step16k")
+                     "abl:burst:offline-fp8_e4m3", "abl:burst:served-fp8_e4m3-step16k")
 
 
 def _busy(busy: dict | None) -> str:

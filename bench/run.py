@@ -102,23 +102,21 @@ def plan(engines: list[str], args: argparse.Namespace, gpus: int) -> tuple[list[
             warm = (("radix", {}), ("page16", {"page_size": 16}), ("naive", {"cache_type": "naive"}))
             jobs += [Job(f"abl:warm:{name}", "stage4_fast", ["offline_warm"], opts) for name, opts in warm]
             # the whole offline workload as one burst of streamed requests, against offline on the same model (one
-            # whose vocabulary is the tokenizer's, so every token streams text)
-            jobs += [Job("abl:burst:offline", "stage4_fast", ["offline"], {}, BURST_MODEL),
-                     Job("abl:burst:served", "stage4_fast", ["serve_offline"], {}, BURST_MODEL)]
-            # the KV cache in the model's dtype (bf16) vs fp8: offline, and the burst through the server against
-            # offline on the model whose every token streams text (each in its own process, as the burst group: a
-            # server started beside a live engine sizes its KV pool from what that engine left free)
+            # whose vocabulary is the tokenizer's, so every token streams text), with the KV cache in the model's
+            # dtype (bf16) and in fp8; offline and served each in its own process: a server started beside a live
+            # engine sizes its KV pool from what that engine left free
+            for tail, kv in (("", {}), ("-fp8_e4m3", {"kv_cache_dtype": "fp8_e4m3"})):
+                jobs += [Job(f"abl:burst:offline{tail}", "stage4_fast", ["offline"], kv, BURST_MODEL),
+                         Job(f"abl:burst:served{tail}", "stage4_fast", ["serve_offline"], kv, BURST_MODEL)]
+            # the fp8 burst once more with the offline LLM's prefill step (the server's default is SGLang's and
+            # vLLM's 8,192 on this GPU): what a server tuned for throughput rather than inter-token latency gets
+            jobs.append(Job("abl:burst:served-fp8_e4m3-step16k", "stage4_fast", ["serve_offline"],
+                            {"kv_cache_dtype": "fp8_e4m3", "max_extend_tokens": BURST_STEP_TOKENS}, BURST_MODEL))
+            # the KV cache in the model's dtype (bf16) vs fp8, offline on the run's model
             jobs += [Job(f"abl:kv:{kv}", "stage4_fast", ["offline"], {"kv_cache_dtype": kv})
                      for kv in ("auto", "fp8_e4m3")]
             jobs.append(Job("abl:kv:fp8_e4m3-calculated", "stage4_fast", ["offline"],
                             {"kv_cache_dtype": "fp8_e4m3", "calculate_kv_scales": True}))  # scales from data
-            burst_parts = (("offline", "offline"), ("served", "serve_offline"))
-            jobs += [Job(f"abl:kv:burst-{part}-{kv}", "stage4_fast", [task], {"kv_cache_dtype": kv}, BURST_MODEL)
-                     for kv in ("auto", "fp8_e4m3") for part, task in burst_parts]
-            # the fp8 burst once more with the offline LLM's prefill step (the server's default is SGLang's and
-            # vLLM's 8,192 on this GPU): what a server tuned for throughput rather than inter-token latency gets
-            jobs.append(Job("abl:kv:burst-served-fp8_e4m3-step16k", "stage4_fast", ["serve_offline"],
-                            {"kv_cache_dtype": "fp8_e4m3", "max_extend_tokens": BURST_STEP_TOKENS}, BURST_MODEL))
             if "shapes" in (args.ablations or ()):  # only when named: its models take ~40 GB and minutes to make
                 jobs += [Job(f"abl:shapes:{name}", "stage4_fast", ["shape"], {}, path)
                          for name, path in shape_models().items()]
@@ -219,7 +217,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--ablations", nargs="+", default=None, metavar="NAME",
                     help="run only these ablation groups: radix chunked overlap page graph attn kv tp "
-                         "warm burst shapes (default: all but shapes; kv, warm, burst and shapes on a GPU)")
+                         "warm burst shapes (default: all but shapes; kv, warm, burst and shapes on a GPU). kv: "
+                         "bf16 vs fp8 KV cache offline; burst: the served burst against offline, bf16 and fp8 KV")
     ap.add_argument("--no-serve", action="store_true", help="skip the server jobs (TTFT / ITL at 1 and 16 clients)")
     ap.add_argument("--machine", default=None, help="results file key (default: cpu, or the GPU model, e.g. h200)")
     ap.add_argument("--out", type=Path, default=meta.LOCAL,
