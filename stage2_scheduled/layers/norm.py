@@ -26,12 +26,8 @@ class RMSNorm(BaseOP):
         return rms_norm(x, self.weight, self.eps)
 
 
-class RMSNormFused(BaseOP):
+class RMSNormFused(RMSNorm):
     """RMSNorm with the residual add folded in: returns (norm(x + residual), x + residual)."""
-
-    def __init__(self, size: int, eps: float):
-        self.eps = eps
-        self.weight = torch.empty(size)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor]:
         if residual is None:

@@ -64,17 +64,12 @@ class BaseCaptureData:
     """Fixed metadata buffers of the captured decode graphs (largest batch); defaults (length 1, slot 0) are safe."""
 
     seq_lens: torch.Tensor  # [max_bs] int32
-    positions: torch.Tensor  # [max_bs] int32
     cu_seqlens_k: torch.Tensor  # [max_bs + 1] int32
     cu_seqlens_q: torch.Tensor  # [max_bs + 1] int32
     page_table: torch.Tensor  # [max_bs, max_seq_len] int32
 
     @classmethod
-    def create(cls, max_bs: int, max_seq_len: int, device: torch.device, **kwargs: torch.Tensor):
-        def i32(*shape: int) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=torch.int32, device=device)
-
-        return cls(seq_lens=torch.ones(max_bs, dtype=torch.int32, device=device), positions=i32(max_bs),
-                   cu_seqlens_k=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
-                   cu_seqlens_q=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
-                   page_table=i32(max_bs, max_seq_len), **kwargs)
+    def create(cls, max_bs: int, max_seq_len: int, device: torch.device):
+        i32 = dict(dtype=torch.int32, device=device)
+        return cls(seq_lens=torch.ones(max_bs, **i32), cu_seqlens_k=torch.arange(max_bs + 1, **i32),
+                   cu_seqlens_q=torch.arange(max_bs + 1, **i32), page_table=torch.zeros(max_bs, max_seq_len, **i32))

@@ -1,10 +1,7 @@
-"""Collectives behind ``DistributedCommunicator``; upstream's torch.distributed plugin: NCCL on a GPU, gloo on CPU."""
+"""The TP ranks' collectives over the default process group (upstream's torch.distributed plugin): NCCL on a GPU,
+gloo on CPU."""
 
 from __future__ import annotations
-
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar, List
 
 import torch
 import torch.distributed as dist
@@ -13,51 +10,30 @@ import torch.distributed as dist
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class DistributedImpl(ABC):
-    @abstractmethod
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place; returns ``x``."""
-
-    @abstractmethod
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """Concatenation over ranks along dim 0, rank-major: [size * x.shape[0], ...]."""
-
-
-@dataclass
-class TorchDistributedImpl(DistributedImpl):
-    group: dist.ProcessGroup | None = None  # None = the default (world) group
-
-    def _size(self) -> int:
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self._size() > 1:
-            dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
-        return x
-
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        size = self._size()
-        if size == 1:
-            return x
-        out = x.new_empty((size * x.shape[0],) + tuple(x.shape[1:]))
-        _all_gather_single(out, x.contiguous(), group=self.group)
-        return out
+def _size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 class DistributedCommunicator:
-    """Stateless front door; the active implementation is the last plugin registered."""
-
-    plugins: ClassVar[List[DistributedImpl]] = [TorchDistributedImpl()]
+    """Stateless: every call runs over the world group of the moment (one rank: a no-op)."""
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        return self.plugins[-1].all_reduce(x)
+        """Sum over ranks, in place; returns ``x``."""
+        if _size() > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        return self.plugins[-1].all_gather(x)
+        """Concatenation over ranks along dim 0, rank-major: [size * x.shape[0], ...]."""
+        size = _size()
+        if size == 1:
+            return x
+        out = x.new_empty((size * x.shape[0],) + tuple(x.shape[1:]))
+        _all_gather_single(out, x.contiguous())
+        return out
 
 
 def destroy_distributed() -> None:
-    """Drop the plugins and the process group (the engine's shutdown); a later engine starts afresh."""
-    DistributedCommunicator.plugins = [TorchDistributedImpl()]
+    """Drop the process group (the engine's shutdown), so a later engine starts afresh."""
     if dist.is_initialized():
         dist.destroy_process_group()

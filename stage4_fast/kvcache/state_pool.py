@@ -24,12 +24,10 @@ class LinearStatePool:
                                 device=device)
 
     def conv_state(self, layer: int) -> torch.Tensor:
-        """[num_slots, conv_dim, K-1] of one linear layer (a view: writes go to the pool)."""
-        return self._conv[layer]
+        return self._conv[layer]  # [num_slots, conv_dim, K-1], a view: writes go to the pool
 
     def ssm_state(self, layer: int) -> torch.Tensor:
-        """[num_slots, v_heads, Dk, Dv] of one linear layer (a view)."""
-        return self._ssm[layer]
+        return self._ssm[layer]  # [num_slots, v_heads, Dk, Dv], a view
 
     @property
     def device(self) -> torch.device:

@@ -34,12 +34,8 @@ class RMSNorm(BaseOP):
         return rms_norm(x, self.weight, self.eps)
 
 
-class RMSNormFused(BaseOP):
+class RMSNormFused(RMSNorm):
     """RMSNorm with the residual add folded in: returns (norm(x + residual), x + residual)."""
-
-    def __init__(self, size: int, eps: float):
-        self.eps = eps
-        self.weight = torch.empty(size)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor]:
         rows = x.dim() == 2 and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)

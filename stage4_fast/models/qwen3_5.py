@@ -18,7 +18,7 @@ from ..attention.hybrid_linear import HybridLinearAttnBackend
 from ..core import get_global_ctx
 from ..distributed import get_tp_info
 from ..layers import BaseOP, LinearOProj, LinearQKVMerged, LinearReplicated, OPList, VocabParallelEmbedding, get_rope
-from ..layers.norm import rms_norm
+from ..layers.norm import RMSNorm, rms_norm
 from ..utils import div_even
 from .config import ModelConfig
 from .decoder import DecoderForCausalLM, DecoderModel
@@ -26,12 +26,8 @@ from .hybrid_config import LinearAttnConfig
 from .utils import GatedMLP
 
 
-class OffsetRMSNorm(BaseOP):
+class OffsetRMSNorm(RMSNorm):
     """RMSNorm scaling by (1 + weight), the residual add folded in: returns (norm(x + residual), x + residual)."""
-
-    def __init__(self, size: int, eps: float):
-        self.eps = eps
-        self.weight = torch.empty(size)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor]:
         if residual is not None:
@@ -42,12 +38,8 @@ class OffsetRMSNorm(BaseOP):
         return rms_norm(x, 1.0 + self.weight, self.eps)
 
 
-class GatedRMSNorm(BaseOP):
+class GatedRMSNorm(RMSNorm):
     """Per-head RMSNorm of the delta-rule output, times silu(z) (HF's Qwen3_5RMSNormGated)."""
-
-    def __init__(self, size: int, eps: float):
-        self.eps = eps
-        self.weight = torch.empty(size)
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return (rms_norm(x, self.weight, self.eps) * F.silu(gate.float())).to(x.dtype)

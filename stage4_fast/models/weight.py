@@ -77,7 +77,6 @@ KV_SCALE_NAME = re.compile(r"layers\.(?P<layer>\d+)\.self_attn\.(?P<kv>[kv])_sca
 
 
 def kv_scale_name(name: str) -> str | None:
-    """The canonical name of a KV-cache scale tensor, or None for any other tensor."""
     match = _KV_SCALE_ALIAS.match(name)
     return None if match is None else f"{match['prefix']}.{match['a'] or match['b'] or match['c']}_scale"
 

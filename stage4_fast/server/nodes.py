@@ -44,8 +44,7 @@ class NodeLink:
         return f"node {node} (TP ranks {first}..{first + self.ranks_per_node - 1})"
 
     def start(self, on_lost: Callable[[str], None]) -> None:
-        """Join the group and watch the peers from threads; ``on_lost(message)`` is called once, unless ``stop``
-        came first (``lost_cleanly``: the peer stopped on purpose)."""
+        """Join the group and watch the peers from threads; ``on_lost(message)`` once, unless ``stop`` came first."""
         threading.Thread(target=self._run, args=(on_lost,), name="node-link", daemon=True).start()
 
     def _run(self, on_lost: Callable[[str], None]) -> None:

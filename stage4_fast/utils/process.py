@@ -16,7 +16,6 @@ def setup_worker_process(role: str) -> None:
 
 
 def freeze_startup_heap() -> None:
-    """`gc.freeze` (as vLLM and SGLang): a full collection would walk the whole start-up heap, pausing every request.
-    Only for a process the engine owns: a frozen object is never collected."""
+    """`gc.freeze` (as vLLM, SGLang): full collections skip the start-up heap, whose objects are then never freed."""
     gc.collect()
     gc.freeze()
