@@ -21,7 +21,8 @@ from .triton_fused import silu_and_mul
 CONFIG_DIR = Path(__file__).resolve().parent / "moe_configs"
 
 
-@triton.jit
+# the token counts unspecialised: else each new count's divisibility by 16 compiles a variant mid-prefill
+@triton.jit(do_not_specialize=["num_valid_tokens", "num_sorted"])
 def fused_moe_kernel(
     A, B, C, TopkWeights, SortedTokenIds, ExpertIds, NumTokensPostPadded, N, K, num_valid_tokens, num_sorted,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
