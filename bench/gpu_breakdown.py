@@ -345,6 +345,10 @@ def report(name: str, s: dict) -> str:
                      f"{p['kernels_per_step']:.0f} kernels: "
                      + ", ".join(f"{k} {v['us_per_step'] / 1e3:.2f} ms ({v['calls_per_step']:.0f})"
                                  for k, v in sorted(p["by_kind"].items())))
+        if "serial_us" in p:  # each kernel charged from the previous one's end: adds up to the span
+            charged = sorted(p["serial_us"].items())
+            lines.append("   end to end: " + ", ".join(f"{k} {v / 1e3:.2f} ms" for k, v in charged)
+                         + f", idle {p['idle_us'] / 1e3:.2f} ms per step")
         for k in p["top"][:12]:
             lines.append(f"      {k['us_per_step']:8.1f} us/step {k['calls_per_step']:6.0f}x  {k['kind']:9s} "
                          f"{k['name'][:110]}")

@@ -133,24 +133,69 @@ def offline_floor(mb: dict, prompt_lens: list[int], output_lens: list[int]) -> f
 
 
 def task_shape(engine: Callable, model: str, workload, sizes, vocab: int) -> dict:
-    """The copy rate (before `engine()` loads the model), the offline workload, single-stream decode of 1,024
-    tokens, and the floor of each."""
+    """The copy rate (before `engine()` loads the model), single-stream decode of 1,024 tokens, the offline workload,
+    the floor of each, and where their time goes: the offline run's device time by phase (its steps timed by
+    `python -m bench breakdown`'s instrument) and a kernel profile of single-stream decode steps (GPU)."""
     from dataclasses import replace
 
+    import torch
+
+    from .gpu_breakdown import Instrument, summarize
     from .worker import task_decode, task_offline
+    from .workloads import random_prompt
 
     rate = copy_rate()
     print(f"[shapes] {model}: copy rate {rate / 1e9:,.0f} GB/s; loading", flush=True)
     mb = model_bytes(model)
-    offline = task_offline(engine(), workload)
-    print(f"[shapes] offline {offline['tok_s']:,.0f} tok/s; decoding {DECODE_LEN} tokens", flush=True)
-    decode = task_decode(engine(), replace(sizes, decode_len=DECODE_LEN, repeats=2), vocab)
+    adapter, cuda = engine(), torch.cuda.is_available()
+    decode = task_decode(adapter, replace(sizes, decode_len=DECODE_LEN, repeats=2), vocab)
+    print(f"[shapes] decode {decode['tok_s']:,.0f} tok/s; the offline workload", flush=True)
+    inst = Instrument(adapter.llm, cuda=cuda)  # from here on every step is timed (~10 us of host time a step)
+    inst.reset()
+    offline = task_offline(adapter, workload)
+    inst.finish()
+    steps = summarize(inst, offline["seconds"], workload.output_tokens)
+    if cuda:
+        offline["device_s"] = {"prefill": steps["prefill"]["device_total_s"],
+                               "decode": steps["decode"]["device_total_s"], "idle": steps["device_idle_s"]}
+        inst.reset()
+        inst.profile_at, inst.profile_steps = PROFILE_AT, PROFILE_STEPS
+        adapter.generate([random_prompt(vocab, 32, seed=4000)], [PROFILE_AT + 2 * PROFILE_STEPS + 2])
+        inst.finish()
+        decode["profile"] = inst.profiles["graph"]
     off_bytes = offline_floor(mb, list(map(len, workload.prompts)), workload.output_lens)
     dec_bytes = decode_floor(mb, 32, DECODE_LEN)  # task_decode's 32-token prompts
     return {"copy_bytes_per_s": rate, "model_bytes": mb, "offline": offline, "decode": decode,
-            "offline_floor_tok_s": workload.output_tokens * rate / off_bytes,
+            "offline_floor_tok_s": workload.output_tokens * rate / off_bytes, "offline_floor_s": off_bytes / rate,
             "decode_floor_tok_s": (DECODE_LEN - 1) * rate / dec_bytes,
             "decode_step_bytes_1": step_bytes(mb, 1, 32)}
+
+
+PROFILE_AT, PROFILE_STEPS = 16, 8  # the profiled decode steps of one stream (CUDA graphs; then as many eager)
+
+
+def offline_split(r: dict) -> str:
+    """"prefill 3.2 s + decode 13.4 s (floor 11.1 s) + idle 0.2 s": the offline run's device time by phase."""
+    d = r["offline"].get("device_s")
+    if not d:
+        return ""
+    return (f"; device: prefill {d['prefill']:.1f} s + decode {d['decode']:.1f} s (floor {r['offline_floor_s']:.1f} "
+            f"s) + idle {d['idle']:.1f} s")
+
+
+def decode_split(r: dict) -> str:
+    """A single-stream step's kernels by kind (charged end to end, CUDA graph profile) beside the floor of each:
+    dense weights, routed experts, the KV cache."""
+    p = r["decode"].get("profile")
+    if not p:
+        return ""
+    mb, rate = r["model_bytes"], r["copy_bytes_per_s"]
+    floors = {"gemm": mb["dense"], "moe": mb["top_k"] * sum(mb["expert"]),
+              "attention": p["mean_kv_tokens"] * mb["kv_per_token"]}
+    names = {"gemm": "dense weights", "moe": "experts", "attention": "attention", "other": "other"}
+    parts = [f"{names[k]} {us / 1e3:.2f} ms" + (f" (floor {floors[k] / rate * 1e3:.2f})" if floors.get(k) else "")
+             for k, us in sorted(p["serial_us"].items(), key=lambda kv: list(names).index(kv[0])) if us >= 1]
+    return f"; step {1e3 / r['decode']['tok_s']:.2f} ms: " + ", ".join(parts + [f"idle {p['idle_us'] / 1e3:.2f}"])
 
 
 def shape_rows(results: dict, out: list[dict], fail: Callable[..., bool]) -> None:
@@ -162,12 +207,13 @@ def shape_rows(results: dict, out: list[dict], fail: Callable[..., bool]) -> Non
         if not r:
             continue
         gb_s = r["copy_bytes_per_s"] / 1e9
-        for part, floor, what in (("offline", r["offline_floor_tok_s"], r["offline"]["workload"]),
-                                  ("decode", r["decode_floor_tok_s"], f"one stream, {DECODE_LEN} tokens")):
+        for part, floor, what, split in (
+                ("offline", r["offline_floor_tok_s"], r["offline"]["workload"], offline_split),
+                ("decode", r["decode_floor_tok_s"], f"one stream, {DECODE_LEN} tokens", decode_split)):
             tok_s = r[part]["tok_s"]
             out.append({"name": f"shape {key.split(':', 2)[2]}: {part}", "stage": job["stage"], "workload": what,
                         "off": f"{tok_s:,.0f} out tok/s",
                         "on": f"floor {floor:,.0f} tok/s (copy rate {gb_s:,.0f} GB/s; one-token step "
                               f"{r['decode_step_bytes_1'] / 1e9:.2f} GB)",
-                        "effect": f"{tok_s / floor:.0%} of floor",
+                        "effect": f"{tok_s / floor:.0%} of floor" + split(r),
                         "plot": [("output tok/s", tok_s, floor, "measured", "floor")]})

@@ -159,3 +159,33 @@ def test_the_shape_task_measures_and_floors_each_part(tiny_moe, monkeypatch):
     assert order == ["copy", "load"]
     assert r["decode"]["new_tokens"] == 8 and r["offline"]["wrong_lengths"] == 0
     assert r["offline_floor_tok_s"] > 0 and r["decode_floor_tok_s"] > 0 and r["copy_bytes_per_s"] == 1e9
+
+
+def test_kernels_are_charged_end_to_end_and_the_splits_read_as_text():
+    """Under PDL a kernel starts while the one before runs: charged from that one's end, the kinds add up to the
+    span (8 + 2 + 5 us over 2 steps here, 1 us idle); the rows then say where a step's time went."""
+    import types
+
+    import torch
+
+    from bench import profiles
+
+    def kernel(name: str, start: float, end: float):
+        return types.SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA,
+                                     time_range=types.SimpleNamespace(start=start, end=end))
+
+    cpu_op = types.SimpleNamespace(name="aten::mm", device_type=torch.autograd.DeviceType.CPU,
+                                   time_range=types.SimpleNamespace(start=0.0, end=100.0))
+    events = [kernel("_gemv_kernel", 0.0, 8.0), kernel("fused_moe_kernel", 5.0, 10.0), cpu_op,
+              kernel("_decode_split_kernel", 11.0, 16.0)]
+    charged, idle = profiles.serial_by_kind(types.SimpleNamespace(events=lambda: events), steps=2)
+    assert charged == {"gemm": 4.0, "moe": 1.0, "attention": 2.5} and idle == 0.5
+
+    r = {"copy_bytes_per_s": 1e12, "offline_floor_s": 11.07,
+         "model_bytes": {"dense": 1e9, "top_k": 8, "expert": [1e7, 1e7], "kv_per_token": 1e3},
+         "offline": {"device_s": {"prefill": 3.21, "decode": 13.4, "idle": 0.2}},
+         "decode": {"tok_s": 500.0, "profile": {"serial_us": {"gemm": 1200.0, "moe": 500.0, "other": 250.0},
+                                                "idle_us": 50.0, "mean_kv_tokens": 100}}}
+    assert shapes.offline_split(r) == "; device: prefill 3.2 s + decode 13.4 s (floor 11.1 s) + idle 0.2 s"
+    assert shapes.decode_split(r) == ("; step 2.00 ms: dense weights 1.20 ms (floor 1.00), experts 0.50 ms "
+                                      "(floor 0.16), other 0.25 ms, idle 0.05")
