@@ -193,7 +193,8 @@ def decode_split(r: dict) -> str:
     floors = {"gemm": mb["dense"], "moe": mb["top_k"] * sum(mb["expert"]),
               "attention": p["mean_kv_tokens"] * mb["kv_per_token"]}
     names = {"gemm": "dense weights", "moe": "experts", "attention": "attention", "other": "other"}
-    parts = [f"{names[k]} {us / 1e3:.2f} ms" + (f" (floor {floors[k] / rate * 1e3:.2f})" if floors.get(k) else "")
+    parts = [f"{names[k]} {us / 1e3:.2f} ms" + (f" (floor {floors[k] / rate * 1e3:.2f})"
+                                                 if floors.get(k, 0) / rate >= 5e-6 else "")  # shown as 0.00
              for k, us in sorted(p["serial_us"].items(), key=lambda kv: list(names).index(kv[0])) if us >= 1]
     return f"; step {1e3 / r['decode']['tok_s']:.2f} ms: " + ", ".join(parts + [f"idle {p['idle_us'] / 1e3:.2f}"])
 
