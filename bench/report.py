@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -285,7 +286,7 @@ def plot_all(results: dict, out_dir: Path, prefix: str) -> list[str]:
             bars = ax.bar([0, 1], [a, b], color=["#888", "#3b7dd8"])
             ax.bar_label(bars, fmt="%.4g", fontsize=8)
             ax.set_xticks([0, 1], [la, lb], fontsize=8)
-            ax.set_title(f"{r['name']}\n({r['stage']})", fontsize=9)
+            ax.set_title(textwrap.fill(r["name"], 40) + f"\n({r['stage']})", fontsize=9)
             ax.set_ylabel(metric, fontsize=8)
         fig.tight_layout()
         written.append(_save(fig, out_dir / f"{prefix}_ablations.png"))
