@@ -2,8 +2,9 @@
 each measurement beside its memory floor.
 
 Per shape, one worker process (`python -m bench worker --task shape`): the device's copy rate (a D2D copy of a
-1 GiB buffer, bytes read + written / time, best of 10, measured before the engine loads), the offline workload and
-single-stream decode of 1,024 tokens, and the floor of each: the bytes its decode steps must read over that rate.
+1 GiB buffer, bytes read + written / time, best of 10, measured before the engine loads), single-stream decode of
+1,024 tokens and the offline workload, the floor of each: the bytes its decode steps must read over that rate, and
+where each one's time goes (`offline_split`, `decode_split`).
 
 Bytes a decode step must read (from the checkpoint's tensor headers, so any architecture is counted as stored):
 every weight except the embedding table (one row per token) and the experts, plus for an MoE layer the experts the
